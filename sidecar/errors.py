@@ -1,0 +1,64 @@
+"""One exception root for everything the sidecar raises on purpose.
+
+Errors from valkey-py and aiokafka are translated into these at the boundary (``raise ...
+from exc``), so callers decide on behaviour flags rather than on a client library's classes.
+"""
+
+from __future__ import annotations
+
+
+class SidecarError(Exception):
+    """Root of the sidecar's errors.
+
+    ``retriable`` says whether the same operation may succeed if tried again later (a broker
+    that is down, a timeout), as opposed to one that never will (bad configuration, a message
+    too large for the topic).
+    """
+
+    retriable: bool = False
+
+
+class ConfigError(SidecarError):
+    """A configuration value is missing, unknown or malformed."""
+
+    def __init__(self, variable: str, problem: str) -> None:
+        self.variable = variable
+        self.problem = problem
+        super().__init__(f"{variable}: {problem}")
+
+
+class ServiceUnavailableError(SidecarError):
+    """Valkey or Kafka cannot be reached or did not answer in time."""
+
+    retriable = True
+
+
+class AuthenticationError(SidecarError):
+    """The server refused our credentials; retrying with the same ones will not help."""
+
+
+class MessageQueueError(SidecarError):
+    """A produce, consume, ack or commit failed for a reason the server gave."""
+
+
+class RetriableMessageQueueError(MessageQueueError):
+    """A produce or commit that failed for a passing reason (leader moved, timeout)."""
+
+    retriable = True
+
+
+class MessageTooLargeError(MessageQueueError):
+    """The record is larger than the topic or broker accepts."""
+
+
+class MessageDecodeError(SidecarError):
+    """A message's value is not a JSON object; ``reason`` is a short code for metrics/DLQ."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"{reason}: {detail}")
+
+
+class LocalStackError(SidecarError):
+    """The local Valkey/Kafka stack could not be fetched, started or stopped."""

@@ -1,0 +1,255 @@
+"""A real Apache Kafka broker (KRaft, combined broker+controller) from Maven Central's jars.
+
+The jars are fetched once into a cache with ``mvn dependency:copy-dependencies`` over the
+``pom.xml`` beside this file and run with the machine's Java (17 or newer) as ``kafka.Kafka``.
+The data directory is formatted on first start only, so the broker survives a stop/start and a
+``kill -9`` followed by a start on the same data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import concurrent.futures
+import contextlib
+import fcntl
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from aiokafka.admin import AIOKafkaAdminClient
+
+from sidecar.errors import LocalStackError
+from sidecar.local_stack.process import ManagedProcess
+
+DEFAULT_KAFKA_VERSION = "4.4.0"
+POM = Path(__file__).with_name("pom.xml")
+MIN_JAVA = 17
+
+
+def cache_root() -> Path:
+    override = os.environ.get("SIDECAR_CACHE_DIR")
+    if override:
+        return Path(override)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ragflow-kafka-sidecar"
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def fetch_kafka_jars(version: str = DEFAULT_KAFKA_VERSION) -> Path:
+    """The directory of the broker's jars, fetched with Maven the first time."""
+    libs = cache_root() / f"kafka-{version}" / "libs"
+    if (libs / ".complete").exists():
+        return libs
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise LocalStackError("Maven (mvn) is needed to fetch Kafka's jars; `make` installs it")
+    with _file_lock(libs.parent / ".lock"):
+        if (libs / ".complete").exists():
+            return libs
+        staging = libs.parent / "libs.partial"
+        shutil.rmtree(staging, ignore_errors=True)
+        command = [
+            mvn, "-q", "-B", "-f", str(POM), f"-Dkafka.version={version}",
+            "dependency:copy-dependencies", "-DincludeScope=runtime",
+            f"-DoutputDirectory={staging}",
+        ]  # fmt: skip
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        if result.returncode != 0 or not any(staging.glob(f"kafka_2.13-{version}.jar")):
+            output = (result.stdout + result.stderr).strip().splitlines()[-15:]
+            raise LocalStackError(
+                f"could not fetch org.apache.kafka:kafka_2.13:{version} with Maven:\n"
+                + "\n".join(output)
+            )
+        (staging / ".complete").touch()
+        shutil.rmtree(libs, ignore_errors=True)
+        staging.rename(libs)
+    return libs
+
+
+def java_binary() -> str:
+    """``java`` from JAVA_HOME or PATH, checked to be version 17 or newer."""
+    home = os.environ.get("JAVA_HOME")
+    java = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    if not java or not Path(java).exists():
+        raise LocalStackError("Java 17 or newer is needed to run Kafka; `make` installs it")
+    probe = subprocess.run([java, "-version"], capture_output=True, text=True, check=False)
+    match = re.search(r'version "(\d+)', probe.stderr + probe.stdout)
+    if not match or int(match.group(1)) < MIN_JAVA:
+        raise LocalStackError(f"{java} is not Java {MIN_JAVA}+: {probe.stderr.strip()[:200]}")
+    return java
+
+
+def _run_coroutine(coro_factory: object) -> object:
+    """Run an async check from sync code, even when the caller is inside an event loop."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro_factory()).result()  # type: ignore[operator]
+
+
+class LocalKafka:
+    """One single-node KRaft broker under ``root``, listening on 127.0.0.1 only."""
+
+    def __init__(
+        self,
+        root: Path,
+        port: int,
+        controller_port: int,
+        version: str = DEFAULT_KAFKA_VERSION,
+        heap_mb: int = 768,
+    ) -> None:
+        self.root = root
+        self.port = port
+        self.controller_port = controller_port
+        self.version = version
+        self.heap_mb = heap_mb
+        self.home = root / "kafka"
+        self.data_dir = self.home / "data"
+        self.server_log = root / "logs" / "kafka-server.log"
+        self.process = ManagedProcess("kafka", root / "kafka.pid", root / "logs" / "kafka.out")
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 90.0) -> None:
+        """Fetch the jars if needed, format storage on first start, start, wait for metadata."""
+        if self.process.pid() is None:
+            libs = fetch_kafka_jars(self.version)
+            java = java_binary()
+            self._write_config()
+            classpath = f"{libs}/*"
+            if not (self.data_dir / "meta.properties").exists():
+                self._format(java, classpath)
+            self.process.start(
+                [
+                    java,
+                    f"-Xmx{self.heap_mb}m", f"-Xms{min(256, self.heap_mb)}m",
+                    "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true",
+                    f"-Dlog4j2.configurationFile={self.home / 'log4j2.properties'}",
+                    "-cp", classpath, "kafka.Kafka", str(self.home / "server.properties"),
+                ]
+            )  # fmt: skip
+        self.wait_ready(timeout_s)
+
+    def _format(self, java: str, classpath: str) -> None:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        result = subprocess.run(
+            [
+                java, "-Xmx256m", f"-Dlog4j2.configurationFile={self.home / 'log4j2.properties'}",
+                "-cp", classpath, "kafka.tools.StorageTool", "format",
+                "-t", cluster_id, "-c", str(self.home / "server.properties"),
+            ],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if result.returncode != 0:
+            raise LocalStackError(f"kafka storage format failed: {result.stderr.strip()[-800:]}")
+
+    def _write_config(self) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.server_log.parent.mkdir(parents=True, exist_ok=True)
+        properties = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "listeners": (
+                f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}"
+            ),
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "log.dirs": str(self.data_dir),
+            # The seed design: topics exist only when init-topics made them.
+            "auto.create.topics.enable": "false",
+            "num.partitions": "1",
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "8",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "group.initial.rebalance.delay.ms": "0",
+            "log.retention.hours": "168",
+        }
+        (self.home / "server.properties").write_text(
+            "".join(f"{key}={value}\n" for key, value in properties.items())
+        )
+        (self.home / "log4j2.properties").write_text(
+            "status = warn\n"
+            "appender.file.type = File\n"
+            "appender.file.name = file\n"
+            f"appender.file.fileName = {self.server_log}\n"
+            "appender.file.layout.type = PatternLayout\n"
+            "appender.file.layout.pattern = [%d] %p %m (%c)%n\n"
+            "rootLogger.level = INFO\n"
+            "rootLogger.appenderRef.file.ref = file\n"
+            "logger.kafka.name = org.apache.kafka\nlogger.kafka.level = INFO\n"
+        )
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.answers():
+                return
+            if self.process.pid() is None:
+                raise LocalStackError(
+                    f"kafka exited during start-up:\n{self.process.log_tail()}\n"
+                    f"(broker log: {self.server_log})"
+                )
+            if time.monotonic() > deadline:
+                raise LocalStackError(f"kafka did not answer a metadata request in {timeout_s} s")
+            time.sleep(0.2)
+
+    def answers(self) -> bool:
+        """True when a metadata request lists this broker."""
+        # A closed port is checked first so that aiokafka does not log a connection error
+        # for every probe while the JVM is still starting.
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+        except OSError:
+            return False
+
+        async def probe() -> bool:
+            admin = AIOKafkaAdminClient(
+                bootstrap_servers=self.bootstrap_servers, request_timeout_ms=3000
+            )
+            try:
+                await admin.start()
+                cluster = await admin.describe_cluster()
+                return bool(cluster.get("brokers"))
+            except Exception:  # any failure means "not yet"
+                return False
+            finally:
+                await admin.close()
+
+        return bool(_run_coroutine(probe))
+
+    def running_version(self) -> str:
+        """The version the running broker reports in its log."""
+        try:
+            text = self.server_log.read_text(errors="replace")
+        except OSError:
+            return "unknown"
+        versions = re.findall(r"Kafka version: (\S+)", text)
+        return versions[-1] if versions else "unknown"
+
+    def stop(self) -> bool:
+        return self.process.stop(timeout_s=30.0)
+
+    def kill(self) -> None:
+        self.process.kill()

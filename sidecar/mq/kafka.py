@@ -1,0 +1,306 @@
+"""Apache Kafka backend on aiokafka.
+
+Producer: ``acks="all"`` and ``enable_idempotence=True``. aiokafka has neither ``retries`` nor
+``max_in_flight_requests_per_connection`` (the seed design passes both): it keeps at most one
+in-flight batch per partition and retries it until ``request_timeout_ms``, and idempotence
+lets the broker drop a retried duplicate. Together they keep per-key order with no loss.
+
+Consumer: manual commits only. An ack commits a partition up to its lowest unfinished offset
+(:class:`~sidecar.mq.offsets.PartitionOffsets`), never "everything fetched", so records still
+in flight when the process dies are delivered again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import errors as kafka_errors
+
+from sidecar.errors import (
+    AuthenticationError,
+    MessageQueueError,
+    MessageTooLargeError,
+    RetriableMessageQueueError,
+    ServiceUnavailableError,
+    SidecarError,
+)
+from sidecar.mq.base import MessageQueueConsumer, MessageQueueProducer, OutgoingMessage, SendResult
+from sidecar.mq.message import QueueMessage
+from sidecar.mq.offsets import PartitionOffsets
+from sidecar.mq.redelivery import DelayedRedeliveries
+from sidecar.settings import KafkaSettings
+
+logger = logging.getLogger(__name__)
+
+
+def translate_kafka_error(exc: BaseException, action: str, where: str) -> SidecarError:
+    """The sidecar's error for an aiokafka exception."""
+    if isinstance(
+        exc,
+        kafka_errors.AuthenticationFailedError
+        | kafka_errors.SaslAuthenticationFailed
+        | kafka_errors.UnsupportedSaslMechanismError
+        | kafka_errors.AuthenticationMethodNotSupported
+        | kafka_errors.TopicAuthorizationFailedError
+        | kafka_errors.GroupAuthorizationFailedError
+        | kafka_errors.ClusterAuthorizationFailedError,
+    ):
+        return AuthenticationError(f"Kafka at {where} refused to let us {action}: {exc}")
+    if isinstance(exc, kafka_errors.KafkaConnectionError):
+        return ServiceUnavailableError(f"cannot reach Kafka at {where} to {action}: {exc}")
+    if isinstance(exc, kafka_errors.MessageSizeTooLargeError):
+        return MessageTooLargeError(f"Kafka at {where} cannot {action}: {exc}")
+    if isinstance(exc, kafka_errors.UnknownTopicOrPartitionError):
+        return MessageQueueError(f"Kafka at {where} cannot {action}: the topic does not exist")
+    if isinstance(exc, kafka_errors.KafkaTimeoutError):
+        return RetriableMessageQueueError(f"Kafka at {where} timed out trying to {action}")
+    if isinstance(exc, kafka_errors.KafkaError) and exc.retriable:
+        return RetriableMessageQueueError(f"Kafka at {where} failed to {action}: {exc!r}")
+    return MessageQueueError(f"Kafka at {where} failed to {action}: {exc!r}")
+
+
+@contextmanager
+def translate_kafka_errors(action: str, where: str) -> Iterator[None]:
+    """Raise the sidecar's error for anything aiokafka raises inside the block."""
+    try:
+        yield
+    except kafka_errors.KafkaError as exc:
+        raise translate_kafka_error(exc, action, where) from exc
+
+
+def _where(settings: KafkaSettings) -> str:
+    return ",".join(settings.bootstrap_servers)
+
+
+class KafkaProducer(MessageQueueProducer):
+    """Idempotent, ``acks=all`` producer; ``send_many`` keeps every record of a batch in flight."""
+
+    def __init__(self, settings: KafkaSettings, **overrides: Any) -> None:
+        super().__init__()
+        self._settings = settings
+        self._overrides = overrides
+        self._producer: Any = None
+        self._where = _where(settings)
+
+    async def _start(self) -> None:
+        options: dict[str, Any] = {
+            **self._settings.client_kwargs(),
+            "acks": "all",
+            "enable_idempotence": True,
+            "compression_type": self._settings.compression_type,
+            "linger_ms": self._settings.linger_ms,
+        }
+        options.update(self._overrides)
+        try:
+            producer = AIOKafkaProducer(**options)
+        except (kafka_errors.KafkaError, RuntimeError, ValueError) as exc:
+            raise MessageQueueError(f"invalid Kafka producer settings: {exc}") from exc
+        try:
+            with translate_kafka_errors("start a producer", self._where):
+                await producer.start()
+        except BaseException:
+            await producer.stop()
+            raise
+        self._producer = producer
+
+    async def _stop(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            with translate_kafka_errors("flush and stop the producer", self._where):
+                await producer.stop()
+
+    async def send_many(
+        self, messages: Sequence[OutgoingMessage]
+    ) -> list[SendResult | SidecarError]:
+        if self._producer is None:
+            raise RuntimeError("producer is not started")
+        pending: list[asyncio.Future[Any] | SidecarError] = []
+        for message in messages:
+            try:
+                # send() only enqueues; awaiting the returned future waits for the broker's ack.
+                future = await self._producer.send(
+                    message.destination,
+                    message.value_bytes(),
+                    key=message.key_bytes(),
+                    headers=list(message.headers) or None,
+                )
+            except kafka_errors.KafkaError as exc:
+                pending.append(
+                    translate_kafka_error(exc, f"send to {message.destination}", self._where)
+                )
+                continue
+            pending.append(future)
+        outcomes: list[SendResult | SidecarError] = []
+        for message, item in zip(messages, pending, strict=True):
+            if isinstance(item, SidecarError):
+                outcomes.append(item)
+                continue
+            try:
+                metadata = await item
+            except kafka_errors.KafkaError as exc:
+                outcomes.append(
+                    translate_kafka_error(exc, f"send to {message.destination}", self._where)
+                )
+                continue
+            outcomes.append(
+                SendResult(
+                    destination=metadata.topic,
+                    id=f"{metadata.topic}:{metadata.partition}:{metadata.offset}",
+                    partition=metadata.partition,
+                    offset=metadata.offset,
+                )
+            )
+        return outcomes
+
+    async def flush(self) -> None:
+        if self._producer is not None:
+            with translate_kafka_errors("flush", self._where):
+                await self._producer.flush()
+
+
+class KafkaConsumer(MessageQueueConsumer):
+    """Several topics in one group; commits per partition only past contiguously finished work.
+
+    Records are handed out in the order of ``topics`` (the first topic's records first), so a
+    priority topic listed first is served first among what has been fetched.
+    """
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        topics: Sequence[str],
+        group_id: str | None = None,
+        **overrides: Any,
+    ) -> None:
+        if not topics:
+            raise ValueError("at least one topic is needed")
+        super().__init__()
+        self._settings = settings
+        self.topics = tuple(topics)
+        self.group_id = group_id or settings.consumer_group
+        self._overrides = overrides
+        self._consumer: Any = None
+        self._where = _where(settings)
+        self._offsets: dict[TopicPartition, PartitionOffsets] = {}
+        self._committed: dict[TopicPartition, int] = {}
+        self._commit_lock = asyncio.Lock()
+        self._redeliveries: DelayedRedeliveries[QueueMessage] = DelayedRedeliveries()
+        self._rank = {topic: index for index, topic in enumerate(self.topics)}
+
+    async def _start(self) -> None:
+        options: dict[str, Any] = {
+            **self._settings.client_kwargs(),
+            "group_id": self.group_id,
+            "enable_auto_commit": False,
+            "auto_offset_reset": "earliest",
+            # Long RAGFlow tasks must not make the group think this consumer is dead.
+            "max_poll_interval_ms": 3_600_000,
+            "session_timeout_ms": 120_000,
+            "heartbeat_interval_ms": 3_000,
+        }
+        options.update(self._overrides)
+        consumer = AIOKafkaConsumer(**options)
+        consumer.subscribe(list(self.topics), listener=_Rebalance(self))
+        try:
+            with translate_kafka_errors("start a consumer", self._where):
+                await consumer.start()
+        except BaseException:
+            await consumer.stop()
+            raise
+        self._consumer = consumer
+
+    async def _stop(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        self._offsets.clear()
+        self._committed.clear()
+        self._redeliveries = DelayedRedeliveries()
+        if consumer is not None:
+            with translate_kafka_errors("stop the consumer", self._where):
+                await consumer.stop()
+
+    async def poll_batch(self, max_records: int, timeout_ms: int) -> list[QueueMessage]:
+        if self._consumer is None:
+            raise RuntimeError("consumer is not started")
+        due = self._redeliveries.pop_due(max_records)
+        if due:
+            return due
+        next_due = self._redeliveries.seconds_until_next()
+        if next_due is not None:
+            timeout_ms = min(timeout_ms, int(next_due * 1000) + 1)
+        with translate_kafka_errors("fetch", self._where):
+            fetched = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+        messages: list[QueueMessage] = []
+        for tp in sorted(fetched, key=lambda tp: (self._rank.get(tp.topic, 0), tp.partition)):
+            offsets = self._offsets.setdefault(tp, PartitionOffsets())
+            for record in fetched[tp]:
+                offsets.delivered(record.offset)
+                messages.append(
+                    QueueMessage(
+                        id=f"{tp.topic}:{tp.partition}:{record.offset}",
+                        value=record.value,
+                        topic=tp.topic,
+                        partition=tp.partition,
+                        offset=record.offset,
+                        timestamp_ms=record.timestamp,
+                        key=record.key,
+                        headers=tuple(record.headers or ()),
+                        settler=self,
+                    )
+                )
+        return messages
+
+    async def ack(self, message: QueueMessage) -> None:
+        tp = TopicPartition(message.topic, message.partition)
+        offsets = self._offsets.get(tp)
+        if offsets is None:
+            # The partition was revoked meanwhile; its new owner will process the record again.
+            logger.debug("ack of %s after its partition was revoked", message.id)
+            return
+        offsets.finished(message.offset)
+        await self._commit(tp)
+
+    async def nack(self, message: QueueMessage, delay_ms: int = 0) -> None:
+        # The offset stays unfinished, so nothing past it is committed until it is acked.
+        self._redeliveries.push(message, delay_ms)
+
+    def in_flight(self, topic: str, partition: int) -> int:
+        """Records of that partition handed out and not yet acked."""
+        offsets = self._offsets.get(TopicPartition(topic, partition))
+        return offsets.in_flight if offsets else 0
+
+    async def _commit(self, tp: TopicPartition) -> None:
+        # One commit at a time, never backwards: two acks racing must not move a partition back.
+        async with self._commit_lock:
+            offsets = self._offsets.get(tp)
+            target = offsets.committable() if offsets else None
+            if target is None or target <= self._committed.get(tp, -1) or self._consumer is None:
+                return
+            with translate_kafka_errors(f"commit {tp.topic}[{tp.partition}]", self._where):
+                await self._consumer.commit({tp: target})
+            self._committed[tp] = target
+
+    async def _partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        for tp in revoked:
+            try:
+                await self._commit(tp)
+            except SidecarError as exc:
+                logger.warning("could not commit %s before it was revoked: %s", tp, exc)
+            self._offsets.pop(tp, None)
+            self._committed.pop(tp, None)
+        self._redeliveries.discard(lambda m: TopicPartition(m.topic, m.partition) in revoked)
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, owner: KafkaConsumer) -> None:
+        self._owner = owner
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self._owner._partitions_revoked(set(revoked))
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        logger.info("assigned %s", sorted(f"{tp.topic}[{tp.partition}]" for tp in assigned))

@@ -1,0 +1,403 @@
+"""The sidecar's configuration: one typed, validated object, read from the environment here only.
+
+Values come from, in rising precedence: built-in defaults, an optional RAGFlow
+``service_conf.yaml`` (its ``redis:``, ``kafka:`` and ``mq:`` sections, with ``${VAR:-default}``
+expansion as RAGFlow's template uses it), and environment variables. A missing, unknown or
+malformed value raises :class:`~sidecar.errors.ConfigError` naming the variable. Passwords are
+kept in :class:`Secret`, which never shows its value in a repr, str or log line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, cast
+from urllib.parse import quote, unquote, urlsplit
+
+import yaml
+from aiokafka.helpers import create_ssl_context
+
+from sidecar.errors import ConfigError
+
+MQBackend = Literal["redis", "kafka"]
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+
+MQ_BACKENDS: tuple[str, ...] = ("redis", "kafka")
+SECURITY_PROTOCOLS: tuple[str, ...] = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS: tuple[str, ...] = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+COMPRESSION_TYPES: tuple[str, ...] = ("none", "gzip", "snappy", "lz4", "zstd")
+REDIS_SCHEMES: tuple[str, ...] = ("redis", "rediss", "valkey", "valkeys")
+
+# RAGFlow keeps its queue in logical DB 1 (service_conf.yaml redis.db), so a URL without a
+# path means db 1 here, not Redis's usual 0.
+RAGFLOW_REDIS_DB = 1
+
+
+class Secret:
+    """A string that does not show itself: repr and str print ``***``."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        """The secret itself, for handing to a client library and nowhere else."""
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('***')"
+
+    def __str__(self) -> str:
+        return "***"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+
+@dataclass(frozen=True)
+class RedisSettings:
+    """Where RAGFlow's Valkey/Redis is, parsed from ``REDIS_URL``."""
+
+    host: str = "localhost"
+    port: int = 6379
+    db: int = RAGFLOW_REDIS_DB
+    username: str | None = None
+    password: Secret | None = None
+    tls: bool = False
+
+    @classmethod
+    def from_url(cls, url: str, variable: str = "REDIS_URL") -> RedisSettings:
+        """Parse ``redis://``, ``rediss://``, ``valkey://`` or ``valkeys://`` URLs."""
+        try:
+            parts = urlsplit(url)
+            port = parts.port
+        except ValueError as exc:
+            raise ConfigError(variable, f"not a valid URL ({exc})") from exc
+        if parts.scheme not in REDIS_SCHEMES:
+            raise ConfigError(
+                variable,
+                f"unsupported scheme {parts.scheme or '(none)'!r}; "
+                f"use one of {', '.join(s + '://' for s in REDIS_SCHEMES)}",
+            )
+        if not parts.hostname:
+            raise ConfigError(variable, "has no host name")
+        db_text = parts.path.lstrip("/")
+        if db_text:
+            if not db_text.isdigit():
+                raise ConfigError(variable, f"database {db_text!r} is not a number")
+            db = int(db_text)
+        else:
+            db = RAGFLOW_REDIS_DB
+        password = unquote(parts.password) if parts.password else None
+        return cls(
+            host=parts.hostname,
+            port=port or 6379,
+            db=db,
+            username=unquote(parts.username) if parts.username else None,
+            password=Secret(password) if password else None,
+            tls=parts.scheme in ("rediss", "valkeys"),
+        )
+
+    @property
+    def display_url(self) -> str:
+        """The URL with the password masked, for logs and status output."""
+        scheme = "rediss" if self.tls else "redis"
+        auth = ""
+        if self.username or self.password:
+            auth = quote(self.username or "", safe="") + (":***" if self.password else "") + "@"
+        return f"{scheme}://{auth}{self.host}:{self.port}/{self.db}"
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``valkey.asyncio.Valkey``."""
+        return {
+            "host": self.host,
+            "port": self.port,
+            "db": self.db,
+            "username": self.username,
+            "password": self.password.reveal() if self.password else None,
+            "ssl": self.tls,
+        }
+
+
+@dataclass(frozen=True)
+class KafkaSettings:
+    """How to reach Kafka and the defaults for what the sidecar creates there."""
+
+    bootstrap_servers: tuple[str, ...] = ("localhost:9092",)
+    client_id: str = "ragflow-kafka-sidecar"
+    security_protocol: SecurityProtocol = "PLAINTEXT"
+    sasl_mechanism: str = "PLAIN"
+    sasl_username: str | None = None
+    sasl_password: Secret | None = field(default=None)
+    ssl_cafile: str | None = None
+    consumer_group: str = "ragflow-task-executor"
+    default_partitions: int = 4
+    replication_factor: int = 1
+    compression_type: str | None = "gzip"
+    linger_ms: int = 5
+    request_timeout_ms: int = 30000
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """Connection and security keyword arguments shared by aiokafka's clients."""
+        kwargs: dict[str, Any] = {
+            "bootstrap_servers": list(self.bootstrap_servers),
+            "client_id": self.client_id,
+            "security_protocol": self.security_protocol,
+            "request_timeout_ms": self.request_timeout_ms,
+        }
+        if self.security_protocol in ("SSL", "SASL_SSL"):
+            kwargs["ssl_context"] = create_ssl_context(cafile=self.ssl_cafile)
+        if self.security_protocol.startswith("SASL_"):
+            kwargs["sasl_mechanism"] = self.sasl_mechanism
+            kwargs["sasl_plain_username"] = self.sasl_username
+            kwargs["sasl_plain_password"] = (
+                self.sasl_password.reveal() if self.sasl_password else None
+            )
+        return kwargs
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the sidecar is configured with."""
+
+    mq_backend: MQBackend = "redis"
+    redis: RedisSettings = field(default_factory=RedisSettings)
+    kafka: KafkaSettings = field(default_factory=KafkaSettings)
+
+    @classmethod
+    def from_env(
+        cls,
+        environ: Mapping[str, str] | None = None,
+        config_file: str | Path | None = None,
+    ) -> Settings:
+        """Build and validate the settings; the one place that reads configuration."""
+        env = os.environ if environ is None else environ
+        values: dict[str, _Value] = {}
+        if config_file is not None:
+            values.update(_read_service_conf(Path(config_file), env))
+        for name in _KNOWN_VARIABLES:
+            raw = env.get(name)
+            if raw is not None and raw.strip() != "":
+                values[name] = _Value(raw.strip(), name)
+        return _build(_Reader(values))
+
+
+@dataclass(frozen=True)
+class _Value:
+    text: str
+    origin: str  # what to name in an error: the variable, or the file key it came from
+
+
+class _Reader:
+    """Typed access to the merged values; every error names where the bad value came from."""
+
+    def __init__(self, values: Mapping[str, _Value]) -> None:
+        self._values = values
+
+    def origin(self, name: str) -> str:
+        """The variable's name, with the file key beside it when the value came from a file."""
+        value = self._values.get(name)
+        if value is None or value.origin == name:
+            return name
+        return f"{name} ({value.origin})"
+
+    def _error(self, name: str, problem: str) -> ConfigError:
+        return ConfigError(self.origin(name), problem)
+
+    def text(self, name: str, default: str | None) -> str | None:
+        value = self._values.get(name)
+        return value.text if value is not None else default
+
+    def required_text(self, name: str, default: str) -> str:
+        text = self.text(name, default)
+        assert text is not None
+        return text
+
+    def integer(self, name: str, default: int, minimum: int, maximum: int | None = None) -> int:
+        text = self.text(name, None)
+        if text is None:
+            return default
+        try:
+            number = int(text)
+        except ValueError:
+            raise self._error(name, f"{text!r} is not a whole number") from None
+        if number < minimum or (maximum is not None and number > maximum):
+            bound = f"from {minimum} to {maximum}" if maximum is not None else f">= {minimum}"
+            raise self._error(name, f"{number} is out of range (must be {bound})")
+        return number
+
+    def choice(self, name: str, choices: tuple[str, ...], default: str, upper: bool) -> str:
+        text = self.text(name, default)
+        assert text is not None
+        normalised = text.upper() if upper else text.lower()
+        if normalised not in choices:
+            raise self._error(name, f"unknown value {text!r}; expected one of {', '.join(choices)}")
+        return normalised
+
+    def error(self, name: str, problem: str) -> ConfigError:
+        return self._error(name, problem)
+
+
+def _build(reader: _Reader) -> Settings:
+    redis_url = reader.required_text("REDIS_URL", "redis://localhost:6379/1")
+    redis = RedisSettings.from_url(redis_url, variable=reader.origin("REDIS_URL"))
+
+    servers = _parse_bootstrap(reader, reader.required_text("KAFKA_BOOTSTRAP_SERVERS", ""))
+    protocol = cast(
+        SecurityProtocol,
+        reader.choice("KAFKA_SECURITY_PROTOCOL", SECURITY_PROTOCOLS, "PLAINTEXT", upper=True),
+    )
+    mechanism = reader.choice("KAFKA_SASL_MECHANISM", SASL_MECHANISMS, "PLAIN", upper=True)
+    username = reader.text("KAFKA_SASL_USERNAME", None)
+    password = reader.text("KAFKA_SASL_PASSWORD", None)
+    if protocol.startswith("SASL_"):
+        if not username:
+            raise reader.error(
+                "KAFKA_SASL_USERNAME", f"required when KAFKA_SECURITY_PROTOCOL={protocol}"
+            )
+        if not password:
+            raise reader.error(
+                "KAFKA_SASL_PASSWORD", f"required when KAFKA_SECURITY_PROTOCOL={protocol}"
+            )
+    cafile = reader.text("KAFKA_SSL_CAFILE", None)
+    if cafile is not None and not Path(cafile).is_file():
+        raise reader.error("KAFKA_SSL_CAFILE", f"no such file: {cafile}")
+    compression = reader.choice("KAFKA_COMPRESSION_TYPE", COMPRESSION_TYPES, "gzip", upper=False)
+
+    kafka = KafkaSettings(
+        bootstrap_servers=servers,
+        client_id=reader.required_text("KAFKA_CLIENT_ID", "ragflow-kafka-sidecar"),
+        security_protocol=protocol,
+        sasl_mechanism=mechanism,
+        sasl_username=username,
+        sasl_password=Secret(password) if password else None,
+        ssl_cafile=cafile,
+        consumer_group=reader.required_text("KAFKA_CONSUMER_GROUP", "ragflow-task-executor"),
+        default_partitions=reader.integer("KAFKA_DEFAULT_PARTITIONS", 4, minimum=1),
+        replication_factor=reader.integer("KAFKA_REPLICATION_FACTOR", 1, minimum=1, maximum=32),
+        compression_type=None if compression == "none" else compression,
+        linger_ms=reader.integer("KAFKA_LINGER_MS", 5, minimum=0, maximum=60000),
+        request_timeout_ms=reader.integer("KAFKA_REQUEST_TIMEOUT_MS", 30000, minimum=1000),
+    )
+    backend = cast(MQBackend, reader.choice("MQ_BACKEND", MQ_BACKENDS, "redis", upper=False))
+    return Settings(mq_backend=backend, redis=redis, kafka=kafka)
+
+
+def _parse_bootstrap(reader: _Reader, text: str) -> tuple[str, ...]:
+    text = text or "localhost:9092"
+    servers = []
+    for item in (part.strip() for part in text.split(",")):
+        host, sep, port = item.rpartition(":")
+        if not item or not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise reader.error(
+                "KAFKA_BOOTSTRAP_SERVERS", f"{item!r} is not host:port (e.g. kafka:9092)"
+            )
+        servers.append(item)
+    return tuple(servers)
+
+
+# service_conf.yaml key -> variable. Only the sections the seed design adds are checked for
+# unknown keys: RAGFlow's own `redis:` section carries keys that are not ours.
+_KAFKA_FILE_KEYS: dict[str, str] = {
+    "bootstrap_servers": "KAFKA_BOOTSTRAP_SERVERS",
+    "client_id": "KAFKA_CLIENT_ID",
+    "security_protocol": "KAFKA_SECURITY_PROTOCOL",
+    "sasl_mechanism": "KAFKA_SASL_MECHANISM",
+    "sasl_username": "KAFKA_SASL_USERNAME",
+    "sasl_password": "KAFKA_SASL_PASSWORD",
+    "ssl_cafile": "KAFKA_SSL_CAFILE",
+    "default_partitions": "KAFKA_DEFAULT_PARTITIONS",
+    "replication_factor": "KAFKA_REPLICATION_FACTOR",
+    "compression_type": "KAFKA_COMPRESSION_TYPE",
+    "linger_ms": "KAFKA_LINGER_MS",
+    "request_timeout_ms": "KAFKA_REQUEST_TIMEOUT_MS",
+}
+_MQ_FILE_KEYS: dict[str, str] = {
+    "backend": "MQ_BACKEND",
+    "consumer_group": "KAFKA_CONSUMER_GROUP",
+}
+_KNOWN_VARIABLES: tuple[str, ...] = (
+    "REDIS_URL",
+    *_KAFKA_FILE_KEYS.values(),
+    *_MQ_FILE_KEYS.values(),
+)
+
+_EXPANSION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def expand_variables(text: str, environ: Mapping[str, str]) -> str:
+    """Expand ``${VAR}`` and ``${VAR:-default}`` (default when VAR is unset or empty)."""
+
+    def replace(match: re.Match[str]) -> str:
+        value = environ.get(match.group(1), "")
+        return value if value != "" else (match.group(2) or "")
+
+    return _EXPANSION.sub(replace, text)
+
+
+def _read_service_conf(path: Path, environ: Mapping[str, str]) -> dict[str, _Value]:
+    label = f"--config {path}"
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(label, f"cannot read file ({exc.strerror})") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(label, f"not valid YAML ({exc})") from exc
+    if document is None:
+        return {}
+    if not isinstance(document, dict):
+        raise ConfigError(label, "must be a YAML mapping of sections")
+
+    values: dict[str, _Value] = {}
+
+    def section(name: str) -> dict[str, Any]:
+        body = document.get(name)
+        if body is None:
+            return {}
+        if not isinstance(body, dict):
+            raise ConfigError(f"{path.name} {name}", "must be a mapping")
+        return body
+
+    def scalar(key: str, raw: Any) -> str:
+        if isinstance(raw, dict | list):
+            raise ConfigError(f"{path.name} {key}", "must be a single value")
+        return expand_variables(str(raw), environ).strip() if raw is not None else ""
+
+    for prefix, keys in (("kafka", _KAFKA_FILE_KEYS), ("mq", _MQ_FILE_KEYS)):
+        for key, raw in section(prefix).items():
+            variable = keys.get(str(key))
+            if variable is None:
+                raise ConfigError(
+                    f"{path.name} {prefix}.{key}",
+                    f"unknown key; known keys are {', '.join(sorted(keys))}",
+                )
+            text = scalar(f"{prefix}.{key}", raw)
+            if text:
+                values[variable] = _Value(text, f"{path.name} {prefix}.{key}")
+
+    redis = section("redis")
+    if redis:
+        url = _redis_url_from_section(redis, scalar)
+        values["REDIS_URL"] = _Value(url, f"{path.name} redis")
+    return values
+
+
+def _redis_url_from_section(redis: dict[str, Any], scalar: Any) -> str:
+    """RAGFlow writes ``host: 'redis:6379'`` with ``db`` and ``password`` beside it."""
+    host = scalar("redis.host", redis.get("host", "localhost")) or "localhost"
+    db = scalar("redis.db", redis.get("db", RAGFLOW_REDIS_DB)) or str(RAGFLOW_REDIS_DB)
+    username = scalar("redis.username", redis.get("username"))
+    password = scalar("redis.password", redis.get("password"))
+    auth = ""
+    if username or password:
+        auth = f"{quote(username, safe='')}:{quote(password, safe='')}@"
+    if ":" not in host:
+        host = f"{host}:6379"
+    return f"redis://{auth}{host}/{db}"

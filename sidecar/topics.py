@@ -1,0 +1,102 @@
+"""The Kafka topics of the seed design, created idempotently with aiokafka's admin client."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from sidecar.errors import MessageQueueError
+from sidecar.mq.kafka import translate_kafka_errors
+from sidecar.settings import KafkaSettings
+
+PARSE_TOPIC = "ragflow.task.parse"
+PARSE_PRIORITY_TOPIC = "ragflow.task.parse.priority"
+DATAFLOW_TOPIC = "ragflow.task.dataflow"
+GRAPHRAG_TOPIC = "ragflow.task.graphrag"
+MEMORY_TOPIC = "ragflow.task.memory"
+DLQ_TOPIC = "ragflow.task.dlq"
+
+# Seed design section 5.2: topic -> partitions.
+TOPIC_PLAN: dict[str, int] = {
+    PARSE_TOPIC: 8,
+    PARSE_PRIORITY_TOPIC: 4,
+    DATAFLOW_TOPIC: 4,
+    GRAPHRAG_TOPIC: 2,
+    MEMORY_TOPIC: 2,
+    DLQ_TOPIC: 2,
+}
+
+_UNKNOWN_TOPIC = 3
+_TOPIC_EXISTS = 36
+
+
+@dataclass
+class TopicReport:
+    """What ``init_topics`` found and did."""
+
+    created: list[str] = field(default_factory=list)
+    existed: list[str] = field(default_factory=list)
+    # (topic, partitions it has, partitions the plan wants)
+    under_partitioned: list[tuple[str, int, int]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.under_partitioned
+
+    def lines(self) -> list[str]:
+        out = [f"created {name}" for name in self.created]
+        out += [f"exists  {name}" for name in self.existed]
+        out += [
+            f"PROBLEM {name} has {have} partitions, the plan wants {want}; "
+            "add partitions by hand (kafka-topics --alter) after reading what it does to key order"
+            for name, have, want in self.under_partitioned
+        ]
+        return out
+
+
+async def init_topics(
+    settings: KafkaSettings,
+    plan: dict[str, int] | None = None,
+    replication_factor: int | None = None,
+) -> TopicReport:
+    """Create the topics of ``plan`` that are missing; report, never alter, existing ones."""
+    plan = TOPIC_PLAN if plan is None else plan
+    replication = replication_factor or settings.replication_factor
+    where = ",".join(settings.bootstrap_servers)
+    report = TopicReport()
+    admin = AIOKafkaAdminClient(**settings.client_kwargs())
+    try:
+        with translate_kafka_errors("connect the admin client", where):
+            await admin.start()
+        with translate_kafka_errors("describe topics", where):
+            described = await admin.describe_topics(list(plan))
+        missing = []
+        for topic in described:
+            name = topic["topic"]
+            if topic["error_code"] == _UNKNOWN_TOPIC:
+                missing.append(name)
+                continue
+            if topic["error_code"] != 0:
+                raise MessageQueueError(f"describing {name} failed (error {topic['error_code']})")
+            have = len(topic["partitions"])
+            report.existed.append(name)
+            if have < plan[name]:
+                report.under_partitioned.append((name, have, plan[name]))
+        if missing:
+            new = [NewTopic(name, plan[name], replication) for name in missing]
+            with translate_kafka_errors("create topics", where):
+                response = await admin.create_topics(new)
+            for name, code, message in response.topic_errors:
+                if code == 0:
+                    report.created.append(name)
+                elif code == _TOPIC_EXISTS:
+                    report.existed.append(name)  # created meanwhile by someone else
+                else:
+                    raise MessageQueueError(
+                        f"creating {name} ({plan[name]} partitions, replication {replication}) "
+                        f"failed: {message or f'error {code}'}"
+                    )
+    finally:
+        await admin.close()
+    return report
