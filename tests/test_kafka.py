@@ -1,0 +1,149 @@
+"""Kafka backend against the real broker: bytes, keys, headers, ack/nack, contiguous commits."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+
+import pytest
+from aiokafka import TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from sidecar.errors import MessageQueueError, MessageTooLargeError, ServiceUnavailableError
+from sidecar.mq import KafkaConsumer, KafkaProducer, OutgoingMessage
+from sidecar.mq.message import QueueMessage
+from sidecar.settings import Settings
+
+MakeTopic = Callable[[int], Awaitable[str]]
+
+
+async def poll_until(consumer: KafkaConsumer, count: int) -> list[QueueMessage]:
+    """Poll until ``count`` messages arrived (the group join takes a moment)."""
+    got: list[QueueMessage] = []
+    for _ in range(60):
+        got += await consumer.poll_batch(count - len(got), 500)
+        if len(got) >= count:
+            return got
+    raise AssertionError(f"only {len(got)} of {count} messages arrived")
+
+
+async def committed_offset(settings: Settings, group: str, tp: TopicPartition) -> int:
+    admin = AIOKafkaAdminClient(**settings.kafka.client_kwargs())
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(group, partitions=[tp])
+    finally:
+        await admin.close()
+    return int(offsets[tp].offset)
+
+
+async def test_value_key_and_headers_arrive_unchanged(
+    settings: Settings, make_topic: MakeTopic, unique: str
+) -> None:
+    topic = await make_topic(1)
+    raw = json.dumps({"id": "t1", "doc_id": "d1", "name": "文档 \"q\"", "n": 2**80}).encode()
+    headers = [("x-task-id", b"t1"), ("x-redis-id", b"1-0"), ("x-empty", b"")]
+    async with KafkaProducer(settings.kafka) as producer:
+        sent = await producer.send(topic, raw, key="d1", headers=headers)
+    assert (sent.partition, sent.offset) == (0, 0)
+    async with KafkaConsumer(settings.kafka, [topic], unique) as consumer:
+        [message] = await poll_until(consumer, 1)
+    assert message.value == raw
+    assert message.key == b"d1"
+    assert list(message.headers) == headers
+    assert message.id == f"{topic}:0:0"
+    assert message.payload["n"] == 2**80
+
+
+async def test_same_key_keeps_order_across_a_batch(
+    settings: Settings, make_topic: MakeTopic, unique: str
+) -> None:
+    topic = await make_topic(4)
+    batch = [
+        OutgoingMessage(topic, {"id": f"{doc}-{n}", "doc_id": doc}, key=doc)
+        for n in range(50)
+        for doc in ("a", "b", "c")
+    ]
+    async with KafkaProducer(settings.kafka) as producer:
+        outcomes = await producer.send_many(batch)
+    assert all(not isinstance(o, Exception) for o in outcomes)
+    async with KafkaConsumer(settings.kafka, [topic], unique) as consumer:
+        got = await poll_until(consumer, len(batch))
+    for doc in ("a", "b", "c"):
+        ids = [m.payload["id"] for m in got if m.payload["doc_id"] == doc]
+        assert ids == [f"{doc}-{n}" for n in range(50)]
+        assert len({m.partition for m in got if m.payload["doc_id"] == doc}) == 1
+
+
+async def test_finishing_5_before_3_commits_only_up_to_3_and_restart_redelivers(
+    settings: Settings, make_topic: MakeTopic, unique: str
+) -> None:
+    topic = await make_topic(1)
+    tp = TopicPartition(topic, 0)
+    async with KafkaProducer(settings.kafka) as producer:
+        for n in range(6):
+            await producer.send(topic, {"id": str(n)})
+
+    async with KafkaConsumer(settings.kafka, [topic], unique) as consumer:
+        first = await poll_until(consumer, 6)
+        assert [m.offset for m in first] == [0, 1, 2, 3, 4, 5]
+        await first[5].ack()
+        assert await committed_offset(settings, unique, tp) == -1  # nothing contiguous yet
+        for message in first[:3]:
+            await message.ack()
+        assert consumer.in_flight(topic, 0) == 2
+    # Stopped with 3 and 4 unfinished: the group must resume at 3.
+    assert await committed_offset(settings, unique, tp) == 3
+
+    async with KafkaConsumer(settings.kafka, [topic], unique) as restarted:
+        again = await poll_until(restarted, 3)
+        assert [m.offset for m in again] == [3, 4, 5]
+        for message in reversed(again):
+            await message.ack()
+    assert await committed_offset(settings, unique, tp) == 6
+
+
+async def test_nack_redelivers_and_holds_the_commit(
+    settings: Settings, make_topic: MakeTopic, unique: str
+) -> None:
+    topic = await make_topic(1)
+    tp = TopicPartition(topic, 0)
+    async with KafkaProducer(settings.kafka) as producer:
+        for n in range(2):
+            await producer.send(topic, {"id": str(n)})
+    async with KafkaConsumer(settings.kafka, [topic], unique) as consumer:
+        first, second = await poll_until(consumer, 2)
+        await first.nack(delay_ms=200)
+        await second.ack()
+        assert await committed_offset(settings, unique, tp) == -1
+        [again] = await poll_until(consumer, 1)
+        assert again.offset == 0 and again.value == first.value
+        await again.ack()
+        assert await committed_offset(settings, unique, tp) == 2
+
+
+async def test_too_large_and_unknown_topic_are_clear_errors(
+    settings: Settings, make_topic: MakeTopic
+) -> None:
+    topic = await make_topic(1)
+    async with KafkaProducer(settings.kafka, request_timeout_ms=3000) as producer:
+        outcomes = await producer.send_many(
+            [
+                OutgoingMessage(topic, b"x" * (2 * 1024 * 1024)),
+                OutgoingMessage(topic, b"fits"),
+            ]
+        )
+        assert isinstance(outcomes[0], MessageTooLargeError)
+        assert not isinstance(outcomes[1], Exception)
+        with pytest.raises(MessageQueueError):
+            await producer.send("no.such.topic.anywhere", b"v")
+
+
+async def test_unreachable_broker_is_a_retriable_error() -> None:
+    settings = Settings.from_env({"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1"})
+    producer = KafkaProducer(settings.kafka)
+    with pytest.raises(ServiceUnavailableError) as caught:
+        await producer.start()
+    assert caught.value.retriable
+    assert "127.0.0.1:1" in str(caught.value)
+    await producer.stop()  # stop after a failed start is harmless

@@ -1,0 +1,151 @@
+"""Configuration: one validated object; bad values name their variable; secrets stay hidden."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sidecar.errors import ConfigError
+from sidecar.settings import Secret, Settings, expand_variables
+
+
+def test_defaults_follow_the_seed_design() -> None:
+    settings = Settings.from_env({})
+    assert settings.mq_backend == "redis"
+    assert settings.kafka.bootstrap_servers == ("localhost:9092",)
+    assert settings.kafka.consumer_group == "ragflow-task-executor"
+    assert settings.kafka.compression_type == "gzip"
+    assert settings.kafka.replication_factor == 1
+    assert settings.redis.db == 1  # RAGFlow's queue DB
+
+
+@pytest.mark.parametrize(
+    ("url", "host", "port", "db", "username", "password", "tls"),
+    [
+        ("redis://localhost", "localhost", 6379, 1, None, None, False),
+        ("valkey://:infini_rag_flow@redis:6380/1", "redis", 6380, 1, None, "infini_rag_flow", False),
+        ("rediss://user:p%40ss@cache.example:6390/3", "cache.example", 6390, 3, "user", "p@ss", True),
+        ("valkeys://h/0", "h", 6379, 0, None, None, True),
+    ],
+)
+def test_redis_url_forms(
+    url: str, host: str, port: int, db: int, username: str | None, password: str | None, tls: bool
+) -> None:
+    redis = Settings.from_env({"REDIS_URL": url}).redis
+    assert (redis.host, redis.port, redis.db, redis.username, redis.tls) == (
+        host,
+        port,
+        db,
+        username,
+        tls,
+    )
+    assert (redis.password.reveal() if redis.password else None) == password
+
+
+@pytest.mark.parametrize(
+    ("environ", "variable", "fragment"),
+    [
+        ({"REDIS_URL": "http://localhost:6379"}, "REDIS_URL", "unsupported scheme 'http'"),
+        ({"REDIS_URL": "redis://localhost/one"}, "REDIS_URL", "not a number"),
+        ({"REDIS_URL": "redis://localhost:99999"}, "REDIS_URL", "not a valid URL"),
+        ({"KAFKA_DEFAULT_PARTITIONS": "eight"}, "KAFKA_DEFAULT_PARTITIONS", "not a whole number"),
+        ({"KAFKA_DEFAULT_PARTITIONS": "0"}, "KAFKA_DEFAULT_PARTITIONS", "out of range"),
+        ({"KAFKA_BOOTSTRAP_SERVERS": "kafka"}, "KAFKA_BOOTSTRAP_SERVERS", "not host:port"),
+        ({"KAFKA_BOOTSTRAP_SERVERS": "a:1,b:x"}, "KAFKA_BOOTSTRAP_SERVERS", "'b:x'"),
+        ({"MQ_BACKEND": "rabbitmq"}, "MQ_BACKEND", "unknown value 'rabbitmq'"),
+        ({"KAFKA_SECURITY_PROTOCOL": "TLS"}, "KAFKA_SECURITY_PROTOCOL", "unknown value"),
+        ({"KAFKA_COMPRESSION_TYPE": "brotli"}, "KAFKA_COMPRESSION_TYPE", "unknown value"),
+        (
+            {"KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "KAFKA_SASL_USERNAME": "u"},
+            "KAFKA_SASL_PASSWORD",
+            "required when KAFKA_SECURITY_PROTOCOL=SASL_SSL",
+        ),
+        (
+            {"KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "KAFKA_SASL_PASSWORD": "p"},
+            "KAFKA_SASL_USERNAME",
+            "required",
+        ),
+        ({"KAFKA_SSL_CAFILE": "/nonexistent/ca.pem"}, "KAFKA_SSL_CAFILE", "no such file"),
+    ],
+)
+def test_bad_values_name_the_variable(environ: dict[str, str], variable: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env(environ)
+    assert caught.value.variable == variable
+    assert fragment in str(caught.value)
+    assert str(caught.value).startswith(variable)
+
+
+def test_secrets_never_show_in_reprs() -> None:
+    settings = Settings.from_env(
+        {
+            "REDIS_URL": "redis://:redis-pw-123@localhost:6379/1",
+            "KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+            "KAFKA_SASL_USERNAME": "sidecar",
+            "KAFKA_SASL_PASSWORD": "kafka-pw-456",
+        }
+    )
+    text = f"{settings!r} {settings} {settings.redis.display_url} {settings.kafka}"
+    assert "redis-pw-123" not in text
+    assert "kafka-pw-456" not in text
+    assert "***" in settings.redis.display_url
+    assert settings.kafka.sasl_password == Secret("kafka-pw-456")
+    assert settings.kafka.client_kwargs()["sasl_plain_password"] == "kafka-pw-456"
+
+
+def test_expansion_uses_default_when_unset_or_empty() -> None:
+    env = {"SET": "value", "EMPTY": ""}
+    assert expand_variables("${SET:-x}/${EMPTY:-d}/${UNSET:-u}/${UNSET}", env) == "value/d/u/"
+
+
+SERVICE_CONF = """
+ragflow:
+  host: 0.0.0.0
+redis:
+  db: 1
+  password: '${REDIS_PASSWORD:-infini_rag_flow}'
+  host: '${REDIS_HOST:-redis}:6379'
+kafka:
+  bootstrap_servers: '${KAFKA_BOOTSTRAP_SERVERS:-kafka:9092}'
+  client_id: 'ragflow-server'
+  security_protocol: '${KAFKA_SECURITY_PROTOCOL:-PLAINTEXT}'
+  sasl_mechanism: '${KAFKA_SASL_MECHANISM:-PLAIN}'
+  sasl_username: '${KAFKA_SASL_USERNAME:-}'
+  sasl_password: '${KAFKA_SASL_PASSWORD:-}'
+mq:
+  backend: '${MQ_BACKEND:-redis}'
+  consumer_group: 'ragflow-task-executor'
+"""
+
+
+def test_service_conf_is_read_with_expansion_and_env_wins(tmp_path: Path) -> None:
+    conf = tmp_path / "service_conf.yaml"
+    conf.write_text(SERVICE_CONF)
+    from_file = Settings.from_env({"REDIS_HOST": "valkey.internal"}, config_file=conf)
+    assert from_file.redis.host == "valkey.internal"
+    assert from_file.redis.password == Secret("infini_rag_flow")
+    assert from_file.kafka.bootstrap_servers == ("kafka:9092",)
+    assert from_file.kafka.client_id == "ragflow-server"
+    assert from_file.mq_backend == "redis"
+
+    overridden = Settings.from_env(
+        {"KAFKA_BOOTSTRAP_SERVERS": "k1:9092,k2:9092", "MQ_BACKEND": "kafka"}, config_file=conf
+    )
+    assert overridden.kafka.bootstrap_servers == ("k1:9092", "k2:9092")
+    assert overridden.mq_backend == "kafka"
+
+
+def test_service_conf_errors_name_the_file_key(tmp_path: Path) -> None:
+    conf = tmp_path / "service_conf.yaml"
+    conf.write_text("kafka:\n  default_partitions: lots\n")
+    with pytest.raises(ConfigError, match=r"KAFKA_DEFAULT_PARTITIONS \(service_conf.yaml"):
+        Settings.from_env({}, config_file=conf)
+    conf.write_text("kafka:\n  bootstrap_server: typo:9092\n")
+    with pytest.raises(ConfigError, match="kafka.bootstrap_server: unknown key"):
+        Settings.from_env({}, config_file=conf)
+    conf.write_text("kafka: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        Settings.from_env({}, config_file=conf)
+    with pytest.raises(ConfigError, match="cannot read file"):
+        Settings.from_env({}, config_file=tmp_path / "missing.yaml")
