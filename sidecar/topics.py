@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -69,34 +70,56 @@ async def init_topics(
     try:
         with translate_kafka_errors("connect the admin client", where):
             await admin.start()
-        with translate_kafka_errors("describe topics", where):
-            described = await admin.describe_topics(list(plan))
-        missing = []
-        for topic in described:
-            name = topic["topic"]
-            if topic["error_code"] == _UNKNOWN_TOPIC:
-                missing.append(name)
-                continue
-            if topic["error_code"] != 0:
-                raise MessageQueueError(f"describing {name} failed (error {topic['error_code']})")
-            have = len(topic["partitions"])
-            report.existed.append(name)
-            if have < plan[name]:
-                report.under_partitioned.append((name, have, plan[name]))
+        missing = await _describe(admin, where, plan, list(plan), report)
         if missing:
             new = [NewTopic(name, plan[name], replication) for name in missing]
             with translate_kafka_errors("create topics", where):
                 response = await admin.create_topics(new)
+            raced = []
             for name, code, message in response.topic_errors:
                 if code == 0:
                     report.created.append(name)
                 elif code == _TOPIC_EXISTS:
-                    report.existed.append(name)  # created meanwhile by someone else
+                    # Metadata lagged behind a topic that exists: check it like the others.
+                    raced.append(name)
                 else:
                     raise MessageQueueError(
                         f"creating {name} ({plan[name]} partitions, replication {replication}) "
                         f"failed: {message or f'error {code}'}"
                     )
+            # The broker's metadata can trail the controller for a moment after a create.
+            for _ in range(40):
+                if not raced:
+                    break
+                await asyncio.sleep(0.25)
+                raced = await _describe(admin, where, plan, raced, report)
+            if raced:
+                raise MessageQueueError(f"{', '.join(raced)} exist but cannot be described")
     finally:
         await admin.close()
     return report
+
+
+async def _describe(
+    admin: AIOKafkaAdminClient,
+    where: str,
+    plan: dict[str, int],
+    names: list[str],
+    report: TopicReport,
+) -> list[str]:
+    """Record which of ``names`` exist (and whether they are short); return the missing ones."""
+    with translate_kafka_errors("describe topics", where):
+        described = await admin.describe_topics(names)
+    missing = []
+    for topic in described:
+        name = topic["topic"]
+        if topic["error_code"] == _UNKNOWN_TOPIC:
+            missing.append(name)
+            continue
+        if topic["error_code"] != 0:
+            raise MessageQueueError(f"describing {name} failed (error {topic['error_code']})")
+        have = len(topic["partitions"])
+        report.existed.append(name)
+        if have < plan[name]:
+            report.under_partitioned.append((name, have, plan[name]))
+    return missing

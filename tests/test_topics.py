@@ -1,0 +1,47 @@
+"""init-topics creates the seed plan idempotently and reports short topics instead of hiding them."""
+
+from __future__ import annotations
+
+import uuid
+
+from aiokafka.admin import AIOKafkaAdminClient
+
+from sidecar.errors import MessageQueueError
+from sidecar.settings import Settings
+from sidecar.topics import TOPIC_PLAN, init_topics
+
+import pytest
+
+
+async def partitions_of(settings: Settings, names: list[str]) -> dict[str, int]:
+    admin = AIOKafkaAdminClient(**settings.kafka.client_kwargs())
+    await admin.start()
+    try:
+        return {t["topic"]: len(t["partitions"]) for t in await admin.describe_topics(names)}
+    finally:
+        await admin.close()
+
+
+async def test_seed_plan_is_created_once(settings: Settings) -> None:
+    first = await init_topics(settings.kafka)
+    second = await init_topics(settings.kafka)
+    assert sorted(first.created + first.existed) == sorted(TOPIC_PLAN)
+    assert second.created == [] and sorted(second.existed) == sorted(TOPIC_PLAN)
+    assert await partitions_of(settings, list(TOPIC_PLAN)) == TOPIC_PLAN
+    assert TOPIC_PLAN["ragflow.task.parse"] == 8 and TOPIC_PLAN["ragflow.task.dlq"] == 2
+
+
+async def test_existing_topic_with_fewer_partitions_is_reported(settings: Settings) -> None:
+    name = f"test.short.{uuid.uuid4().hex[:8]}"
+    await init_topics(settings.kafka, plan={name: 2})
+    report = await init_topics(settings.kafka, plan={name: 8})
+    assert not report.ok
+    assert report.under_partitioned == [(name, 2, 8)]
+    assert any("PROBLEM" in line and name in line for line in report.lines())
+    assert (await partitions_of(settings, [name]))[name] == 2  # reported, never altered
+
+
+async def test_impossible_replication_factor_is_a_clear_error(settings: Settings) -> None:
+    name = f"test.rf.{uuid.uuid4().hex[:8]}"
+    with pytest.raises(MessageQueueError, match=rf"creating {name} .*replication 3"):
+        await init_topics(settings.kafka, plan={name: 1}, replication_factor=3)
