@@ -17,6 +17,7 @@ import pytest
 import valkey.asyncio as avalkey
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from sidecar.errors import LocalStackError
 from sidecar.local_stack import LocalStack, StackConfig
 from sidecar.settings import Settings
 
@@ -42,9 +43,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     session.config.stash[_STACK] = stack
     try:
         stack.up()
-    except Exception:
+    except LocalStackError as exc:
         stack.down()
-        raise
+        pytest.exit(f"the local stack (real Valkey and Kafka) did not start: {exc}", returncode=3)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

@@ -41,7 +41,7 @@ async def test_value_key_and_headers_arrive_unchanged(
     settings: Settings, make_topic: MakeTopic, unique: str
 ) -> None:
     topic = await make_topic(1)
-    raw = json.dumps({"id": "t1", "doc_id": "d1", "name": "文档 \"q\"", "n": 2**80}).encode()
+    raw = json.dumps({"id": "t1", "doc_id": "d1", "name": '文档 "q"', "n": 2**80}).encode()
     headers = [("x-task-id", b"t1"), ("x-redis-id", b"1-0"), ("x-empty", b"")]
     async with KafkaProducer(settings.kafka) as producer:
         sent = await producer.send(topic, raw, key="d1", headers=headers)

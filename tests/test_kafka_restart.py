@@ -14,7 +14,6 @@ from sidecar.errors import SidecarError
 from sidecar.local_stack import LocalKafka
 from sidecar.mq import KafkaConsumer, KafkaProducer, OutgoingMessage
 from sidecar.settings import Settings
-
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.faults

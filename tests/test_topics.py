@@ -1,16 +1,15 @@
-"""init-topics creates the seed plan idempotently and reports short topics instead of hiding them."""
+"""init-topics creates the seed plan idempotently and reports short topics, never hides them."""
 
 from __future__ import annotations
 
 import uuid
 
+import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
 from sidecar.errors import MessageQueueError
 from sidecar.settings import Settings
 from sidecar.topics import TOPIC_PLAN, init_topics
-
-import pytest
 
 
 async def partitions_of(settings: Settings, names: list[str]) -> dict[str, int]:

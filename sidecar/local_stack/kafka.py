@@ -152,7 +152,8 @@ class LocalKafka:
             [
                 java, "-Xmx256m", f"-Dlog4j2.configurationFile={self.home / 'log4j2.properties'}",
                 "-cp", classpath, "kafka.tools.StorageTool", "format",
-                "-t", cluster_id, "-c", str(self.home / "server.properties"),
+                # "=" form: a base64 id may start with "-" and read as an option.
+                f"--cluster-id={cluster_id}", "--config", str(self.home / "server.properties"),
             ],
             capture_output=True, text=True, check=False,
         )  # fmt: skip
