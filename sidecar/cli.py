@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 from sidecar import __version__
 from sidecar.errors import SidecarError
 from sidecar.local_stack import LocalStack, StackConfig
+from sidecar.mirror import Mirror
 from sidecar.mq.kafka import KafkaProducer
 from sidecar.mq.redis_streams import ping
 from sidecar.roundtrip import round_trip
@@ -42,6 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     topics = commands.add_parser("init-topics", help="create the seed design's Kafka topics")
     topics.add_argument("--replication-factor", type=int, help="default KAFKA_REPLICATION_FACTOR")
 
+    commands.add_parser("mirror", help="tail RAGFlow's streams and dual-write them to Kafka")
     commands.add_parser("check", help="connect to Valkey and Kafka and print their versions")
     commands.add_parser("roundtrip", help="send a task through each backend and read it back")
 
@@ -92,6 +95,29 @@ def _local_stack(args: argparse.Namespace) -> int:
         )
         healthy = healthy and service.answering
     return 0 if healthy else 1
+
+
+async def _mirror(settings: Settings) -> int:
+    """Run the mirror until SIGTERM/SIGINT; then finish the batch in hand within the grace."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    grace_s = settings.mirror.shutdown_grace_s
+    async with Mirror(settings) as mirror:
+        running = asyncio.create_task(mirror.run(stop), name="mirror")
+        stopping = asyncio.create_task(stop.wait(), name="mirror-stop-signal")
+        await asyncio.wait({running, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if not running.done():
+            logger.info("stop requested; finishing the current batch (grace %.0f s)", grace_s)
+            try:
+                await asyncio.wait_for(running, timeout=grace_s)
+            except TimeoutError:
+                logger.warning("grace period over; unacked entries will be replayed on restart")
+        else:
+            running.result()  # a crashed loop raises here
+    return 0
 
 
 async def _check(settings: Settings) -> int:
@@ -160,6 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "demo":
             return _demo(args)
         settings = Settings.from_env(config_file=args.config)
+        if args.command == "mirror":
+            return asyncio.run(_mirror(settings))
         if args.command == "check":
             return asyncio.run(_check(settings))
         if args.command == "roundtrip":

@@ -9,8 +9,10 @@ kept in :class:`Secret`, which never shows its value in a repr, str or log line.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,12 +166,31 @@ class KafkaSettings:
 
 
 @dataclass(frozen=True)
+class MirrorSettings:
+    """What ``ragflow-sidecar mirror`` reads, where it starts and how much it carries."""
+
+    streams: tuple[str, ...] = ("te.1.common", "te.0.common")
+    priority_streams: tuple[str, ...] = ("te.1.common", "rag_flow_svr_queue_1")
+    group: str = "ragflow_kafka_mirror"
+    consumer: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    start: str = "$"  # XGROUP CREATE id: "$" (new), "0" (earliest) or an entry id
+    claim_idle_ms: int = 60000
+    traffic_percent: float = 100.0
+    batch: int = 500
+    block_ms: int = 1000
+    shutdown_grace_s: float = 25.0
+    status_interval_s: float = 30.0
+    routes: tuple[tuple[str, str], ...] = ()  # (task_type pattern, topic) overrides
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything the sidecar is configured with."""
 
     mq_backend: MQBackend = "redis"
     redis: RedisSettings = field(default_factory=RedisSettings)
     kafka: KafkaSettings = field(default_factory=KafkaSettings)
+    mirror: MirrorSettings = field(default_factory=MirrorSettings)
 
     @classmethod
     def from_env(
@@ -233,6 +254,27 @@ class _Reader:
             raise self._error(name, f"{number} is out of range (must be {bound})")
         return number
 
+    def number(self, name: str, default: float, minimum: float, maximum: float) -> float:
+        text = self.text(name, None)
+        if text is None:
+            return default
+        try:
+            number = float(text)
+        except ValueError:
+            raise self._error(name, f"{text!r} is not a number") from None
+        if not minimum <= number <= maximum:  # also rejects NaN
+            raise self._error(name, f"{text} is out of range (must be from {minimum} to {maximum})")
+        return number
+
+    def names(self, name: str, default: tuple[str, ...]) -> tuple[str, ...]:
+        text = self.text(name, None)
+        if text is None:
+            return default
+        items = tuple(part.strip() for part in text.split(",") if part.strip())
+        if not items:
+            raise self._error(name, "needs at least one name")
+        return items
+
     def choice(self, name: str, choices: tuple[str, ...], default: str, upper: bool) -> str:
         text = self.text(name, default)
         assert text is not None
@@ -287,7 +329,56 @@ def _build(reader: _Reader) -> Settings:
         request_timeout_ms=reader.integer("KAFKA_REQUEST_TIMEOUT_MS", 30000, minimum=1000),
     )
     backend = cast(MQBackend, reader.choice("MQ_BACKEND", MQ_BACKENDS, "redis", upper=False))
-    return Settings(mq_backend=backend, redis=redis, kafka=kafka)
+    return Settings(mq_backend=backend, redis=redis, kafka=kafka, mirror=_build_mirror(reader))
+
+
+_ENTRY_ID = re.compile(r"^\d+(-\d+)?$")
+
+
+def _build_mirror(reader: _Reader) -> MirrorSettings:
+    defaults = MirrorSettings()
+    start_text = reader.required_text("MIRROR_START", "new")
+    if start_text in ("new", "$"):
+        start = "$"
+    elif start_text in ("earliest", "0"):
+        start = "0"
+    elif _ENTRY_ID.match(start_text):
+        start = start_text
+    else:
+        raise reader.error(
+            "MIRROR_START",
+            f"{start_text!r} is not new, earliest or a stream entry id (1700000000000-0)",
+        )
+    return MirrorSettings(
+        streams=reader.names("MIRROR_STREAMS", defaults.streams),
+        priority_streams=reader.names("MIRROR_PRIORITY_STREAMS", defaults.priority_streams),
+        group=reader.required_text("MIRROR_GROUP", defaults.group),
+        consumer=reader.required_text("MIRROR_CONSUMER", defaults.consumer),
+        start=start,
+        claim_idle_ms=reader.integer("MIRROR_CLAIM_IDLE_MS", 60000, minimum=100),
+        traffic_percent=reader.number("KAFKA_TRAFFIC_PERCENT", 100.0, 0.0, 100.0),
+        batch=reader.integer("MIRROR_BATCH", 500, minimum=1, maximum=100000),
+        block_ms=reader.integer("MIRROR_BLOCK_MS", 1000, minimum=1, maximum=60000),
+        shutdown_grace_s=reader.number("SHUTDOWN_GRACE_S", 25.0, 0.0, 3600.0),
+        status_interval_s=reader.number("STATUS_INTERVAL_S", 30.0, 0.1, 86400.0),
+        routes=_parse_routes(reader),
+    )
+
+
+def _parse_routes(reader: _Reader) -> tuple[tuple[str, str], ...]:
+    """``MIRROR_ROUTES``: a JSON object of task_type (or prefix*) to topic, over the defaults."""
+    text = reader.text("MIRROR_ROUTES", None)
+    if text is None:
+        return ()
+    try:
+        table = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise reader.error("MIRROR_ROUTES", f"not JSON ({exc.msg})") from None
+    if not isinstance(table, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and k and v for k, v in table.items()
+    ):
+        raise reader.error("MIRROR_ROUTES", 'must be a JSON object of names, {"raptor": "topic"}')
+    return tuple(table.items())
 
 
 def _parse_bootstrap(reader: _Reader, text: str) -> tuple[str, ...]:
@@ -323,8 +414,23 @@ _MQ_FILE_KEYS: dict[str, str] = {
     "backend": "MQ_BACKEND",
     "consumer_group": "KAFKA_CONSUMER_GROUP",
 }
+_MIRROR_VARIABLES: tuple[str, ...] = (
+    "MIRROR_STREAMS",
+    "MIRROR_PRIORITY_STREAMS",
+    "MIRROR_GROUP",
+    "MIRROR_CONSUMER",
+    "MIRROR_START",
+    "MIRROR_CLAIM_IDLE_MS",
+    "KAFKA_TRAFFIC_PERCENT",
+    "MIRROR_BATCH",
+    "MIRROR_BLOCK_MS",
+    "SHUTDOWN_GRACE_S",
+    "STATUS_INTERVAL_S",
+    "MIRROR_ROUTES",
+)
 _KNOWN_VARIABLES: tuple[str, ...] = (
     "REDIS_URL",
+    *_MIRROR_VARIABLES,
     *_KAFKA_FILE_KEYS.values(),
     *_MQ_FILE_KEYS.values(),
 )

@@ -123,3 +123,17 @@ async def _describe(
         if have < plan[name]:
             report.under_partitioned.append((name, have, plan[name]))
     return missing
+
+
+async def missing_topics(settings: KafkaSettings, names: list[str]) -> list[str]:
+    """Which of ``names`` do not exist (the broker never auto-creates them)."""
+    where = ",".join(settings.bootstrap_servers)
+    admin = AIOKafkaAdminClient(**settings.client_kwargs())
+    try:
+        with translate_kafka_errors("connect the admin client", where):
+            await admin.start()
+        with translate_kafka_errors("describe topics", where):
+            described = await admin.describe_topics(sorted(names))
+    finally:
+        await admin.close()
+    return [t["topic"] for t in described if t["error_code"] == _UNKNOWN_TOPIC]

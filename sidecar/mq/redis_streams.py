@@ -175,7 +175,11 @@ class RedisStreamConsumer(_ClientOwner, MessageQueueConsumer):
     """XREADGROUP over several streams in priority order, in one consumer group.
 
     ``group_start_id`` is where a group that does not exist yet is created (``0``: all the
-    history, ``$``: only new entries); an existing group is never recreated or moved.
+    history, ``$``: only new entries); an existing group is never recreated or moved. A stream
+    that did not exist when the consumer started gets its group at ``0``: all of it is new.
+
+    With ``claim_idle_ms``, entries pending on other consumers of the group (a dead instance)
+    for longer than that are taken over with XAUTOCLAIM and delivered here.
     """
 
     def __init__(
@@ -189,6 +193,7 @@ class RedisStreamConsumer(_ClientOwner, MessageQueueConsumer):
         group_start_id: str = "0",
         create_streams: bool = False,
         missing_stream_recheck_s: float = 5.0,
+        claim_idle_ms: int | None = None,
     ) -> None:
         if not streams:
             raise ValueError("at least one stream is needed")
@@ -198,6 +203,10 @@ class RedisStreamConsumer(_ClientOwner, MessageQueueConsumer):
         self.group = group
         self.consumer = consumer
         self._group_start_id = group_start_id
+        self._claim_idle_ms = claim_idle_ms
+        self._claim_every_s = max((claim_idle_ms or 0) / 2000, 0.5)
+        self._next_claim = 0.0
+        self._claim_cursor: dict[str, bytes] = {}
         self._create_streams = create_streams
         self._recheck_s = missing_stream_recheck_s
         self._ready: set[str] = set()  # streams whose group is known to exist
@@ -238,13 +247,16 @@ class RedisStreamConsumer(_ClientOwner, MessageQueueConsumer):
         try:
             async with self._calls(f"XGROUP CREATE {stream} {self.group}"):
                 await self.client.xgroup_create(
-                    stream, self.group, id=self._group_start_id, mkstream=self._create_streams
+                    stream,
+                    self.group,
+                    id="0" if stream in self._reported_missing else self._group_start_id,
+                    mkstream=self._create_streams,
                 )
             logger.info(
                 "created consumer group %s on stream %s at %s",
                 self.group,
                 stream,
-                self._group_start_id,
+                "0" if stream in self._reported_missing else self._group_start_id,
             )
         except MessageQueueError as exc:
             text = str(exc)
@@ -332,11 +344,16 @@ class RedisStreamConsumer(_ClientOwner, MessageQueueConsumer):
                 return replayed
             if not seen and stream in self._ready:
                 del self._replay_from[stream]
-        # 2. Entries handed back with nack() whose delay is over.
+        # 2. Entries a dead consumer left pending for longer than claim_idle_ms.
+        if self._claim_idle_ms is not None and time.monotonic() >= self._next_claim:
+            claimed = await self._autoclaim(wanted)
+            if claimed:
+                return claimed
+        # 3. Entries handed back with nack() whose delay is over.
         due = self._redeliveries.pop_due(wanted)
         if due:
             return await self._claim(due)
-        # 3. New entries, highest priority first.
+        # 4. New entries, highest priority first.
         batch: list[QueueMessage] = []
         for stream in self._ordered(self._ready):
             batch += (await self._read({stream: b">"}, wanted - len(batch), None))[0]
@@ -344,7 +361,7 @@ class RedisStreamConsumer(_ClientOwner, MessageQueueConsumer):
                 return batch
         if batch:
             return batch
-        # 4. Nothing waiting: block on every stream until one has something.
+        # 5. Nothing waiting: block on every stream until one has something.
         wait_ms = timeout_ms
         next_due = self._redeliveries.seconds_until_next()
         if next_due is not None:
@@ -372,9 +389,51 @@ class RedisStreamConsumer(_ClientOwner, MessageQueueConsumer):
                     messages.append(entry_to_message(stream, claimed_id, fields, self))
         return messages
 
+    async def _autoclaim(self, wanted: int) -> list[QueueMessage]:
+        assert self._claim_idle_ms is not None
+        messages: list[QueueMessage] = []
+        for stream in self._ordered(self._ready):
+            cursor = self._claim_cursor.get(stream, b"0-0")
+            async with self._calls(f"XAUTOCLAIM {stream}"):
+                reply = await self.client.xautoclaim(
+                    stream,
+                    self.group,
+                    self.consumer,
+                    min_idle_time=self._claim_idle_ms,
+                    start_id=cursor,
+                    count=wanted - len(messages),
+                )
+            next_cursor, entries = reply[0], reply[1]
+            self._claim_cursor[stream] = next_cursor
+            for entry_id, fields in entries:
+                if fields is not None:
+                    messages.append(entry_to_message(stream, entry_id, fields, self))
+            if entries:
+                logger.warning(
+                    "took over %d entries of %s idle for over %d ms on another consumer",
+                    len(entries),
+                    stream,
+                    self._claim_idle_ms,
+                )
+            if len(messages) >= wanted:
+                return messages
+        # A full pass over every stream with nothing left: rest until the next interval.
+        if all(self._claim_cursor.get(s, b"0-0") in (b"0-0", "0-0") for s in self._ready):
+            self._next_claim = time.monotonic() + self._claim_every_s
+        return messages
+
     async def ack(self, message: QueueMessage) -> None:
         async with self._calls(f"XACK {message.topic}"):
             await self.client.xack(message.topic, self.group, message.id)
+
+    async def ack_many(self, messages: Sequence[QueueMessage]) -> None:
+        """XACK a batch: one command per stream."""
+        by_stream: dict[str, list[str]] = {}
+        for message in messages:
+            by_stream.setdefault(message.topic, []).append(message.id)
+        for stream, ids in by_stream.items():
+            async with self._calls(f"XACK {stream}"):
+                await self.client.xack(stream, self.group, *ids)
 
     async def nack(self, message: QueueMessage, delay_ms: int = 0) -> None:
         # The entry stays pending in the group, so a crash before redelivery loses nothing.

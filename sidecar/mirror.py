@@ -1,0 +1,281 @@
+"""The mirror: tail RAGFlow's task streams in a group of its own and dual-write them to Kafka.
+
+Each batch is read with XREADGROUP in ``MIRROR_GROUP`` (never RAGFlow's group), routed,
+produced to Kafka with ``acks=all``, and XACKed in the mirror's group only once Kafka has every
+record of it, so a crash anywhere re-mirrors (a duplicate) rather than loses. The next batch is
+not read until this one is in Kafka: that bounds memory while Kafka is away. Bad input goes to
+the DLQ with its bytes and a reason; entries outside the traffic share are acked and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from sidecar.dead_letter import dead_letter
+from sidecar.errors import (
+    ConfigError,
+    MessageDecodeError,
+    MessageTooLargeError,
+    SidecarError,
+)
+from sidecar.lag import stream_lag
+from sidecar.mq.base import Lifecycle, OutgoingMessage, SendResult
+from sidecar.mq.kafka import KafkaProducer
+from sidecar.mq.message import QueueMessage
+from sidecar.mq.redis_streams import RedisStreamConsumer
+from sidecar.routing import RouteTable
+from sidecar.settings import Settings
+from sidecar.topics import DLQ_TOPIC, missing_topics
+from sidecar.traffic import in_traffic_share
+
+logger = logging.getLogger(__name__)
+
+RAGFLOW_GROUPS = ("rag_flow_svr_task_broker", "rag_flow_svr_consumer_group")
+MAX_REQUEST_BYTES = 1_048_576  # aiokafka's default max_request_size, kept explicit
+SCHEMA_VERSION = b"1"
+BACKOFF_INITIAL_S = 0.5
+BACKOFF_MAX_S = 30.0
+
+
+@dataclass
+class MirrorStats:
+    """Counters since start; the metrics exporter reads these."""
+
+    read: int = 0
+    mirrored: Counter[str] = field(default_factory=Counter)  # by topic
+    skipped: Counter[str] = field(default_factory=Counter)  # by reason
+    dead_lettered: Counter[str] = field(default_factory=Counter)  # by reason
+    unknown_task_types: Counter[str] = field(default_factory=Counter)
+    produce_retries: int = 0
+    batches: int = 0
+
+    def summary(self) -> str:
+        return (
+            f"read={self.read} mirrored={sum(self.mirrored.values())} "
+            f"skipped={sum(self.skipped.values())} "
+            f"dead_lettered={sum(self.dead_lettered.values())} "
+            f"unknown_types={sum(self.unknown_task_types.values())} retries={self.produce_retries}"
+        )
+
+
+class Mirror(Lifecycle):
+    """One mirror instance; several may share ``MIRROR_GROUP`` on the same streams."""
+
+    def __init__(self, settings: Settings, *, producer_overrides: dict[str, object] | None = None):
+        super().__init__()
+        mirror = settings.mirror
+        if mirror.group in RAGFLOW_GROUPS:
+            raise ConfigError("MIRROR_GROUP", f"{mirror.group!r} is RAGFlow's own group")
+        self.settings = settings
+        self.stats = MirrorStats()
+        self.routes = RouteTable(mirror.routes)
+        self._priority_streams = set(mirror.priority_streams)
+        self._consumer = RedisStreamConsumer(
+            mirror.streams,
+            mirror.group,
+            mirror.consumer,
+            settings=settings.redis,
+            group_start_id=mirror.start,
+            claim_idle_ms=mirror.claim_idle_ms,
+        )
+        self._producer = KafkaProducer(
+            settings.kafka,
+            max_request_size=MAX_REQUEST_BYTES,
+            **(producer_overrides or {}),
+        )
+        self._next_status = 0.0
+
+    async def _start(self) -> None:
+        needed = sorted({*self.routes.topics, DLQ_TOPIC})
+        absent = await missing_topics(self.settings.kafka, needed)
+        if absent:
+            raise ConfigError(
+                "KAFKA_BOOTSTRAP_SERVERS",
+                f"topics {', '.join(absent)} do not exist; run `ragflow-sidecar init-topics`",
+            )
+        await self._producer.start()
+        try:
+            await self._consumer.start()
+        except BaseException:
+            await self._producer.stop()
+            raise
+        logger.info(
+            "mirroring %s in group %s as %s (start %s, %.4g%% to Kafka)",
+            ",".join(self.settings.mirror.streams),
+            self.settings.mirror.group,
+            self.settings.mirror.consumer,
+            self.settings.mirror.start,
+            self.settings.mirror.traffic_percent,
+        )
+
+    async def _stop(self) -> None:
+        try:
+            await self._consumer.stop()
+        finally:
+            await self._producer.stop()
+        logger.info("mirror stopped: %s", self.stats.summary())
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Mirror until ``stop`` is set; the batch in hand is finished first."""
+        while not stop.is_set():
+            await self.mirror_once(stop)
+            await self._maybe_log_status()
+
+    async def mirror_once(self, stop: asyncio.Event | None = None) -> int:
+        """Read one batch, put it in Kafka, ack it; returns how many entries were read."""
+        mirror = self.settings.mirror
+        batch = await self._consumer.poll_batch(mirror.batch, mirror.block_ms)
+        if not batch:
+            return 0
+        self.stats.read += len(batch)
+        self.stats.batches += 1
+        outgoing: list[tuple[QueueMessage, OutgoingMessage]] = []
+        settled: list[QueueMessage] = []
+        for message in batch:
+            record = self._plan(message)
+            if record is None:
+                settled.append(message)
+            else:
+                outgoing.append((message, record))
+        settled += await self._produce(outgoing, stop)
+        await self._consumer.ack_many(settled)
+        return len(batch)
+
+    def _plan(self, message: QueueMessage) -> OutgoingMessage | None:
+        """The Kafka record for an entry, or ``None`` when it stays out of Kafka."""
+        try:
+            task = message.payload
+            task_id = task.get("id")
+            if not isinstance(task_id, str) or not task_id:
+                raise MessageDecodeError("no_task_id", "the task has no string 'id'")
+        except MessageDecodeError as exc:
+            return self._dead_letter(message, exc.reason, exc.detail)
+        priority = 1 if message.topic in self._priority_streams else 0
+        route = self.routes.route(task, priority)
+        if not route.known_type:
+            self.stats.unknown_task_types[route.task_type] += 1
+        if not in_traffic_share(route.key, self.settings.mirror.traffic_percent):
+            self.stats.skipped["outside_share"] += 1
+            return None
+        tenant = task.get("tenant_id")
+        headers = [
+            ("x-task-type", route.task_type.encode()),
+            ("x-task-id", task_id.encode()),
+            ("x-tenant-id", tenant.encode() if isinstance(tenant, str) else b""),
+            ("x-priority", str(priority).encode()),
+            ("x-source", f"redis:{message.topic}".encode()),
+            ("x-timestamp", str(message.timestamp_ms).encode()),
+            ("x-retry-count", b"0"),
+            ("x-schema-version", SCHEMA_VERSION),
+            ("x-redis-stream", message.topic.encode()),
+            ("x-redis-id", message.id.encode()),
+        ]
+        traceparent = message.header("traceparent")
+        if traceparent is not None:
+            headers.append(("traceparent", traceparent))
+        assert message.value is not None  # payload decoded, so the field exists
+        return OutgoingMessage(route.topic, message.value, key=route.key, headers=headers)
+
+    def _dead_letter(self, message: QueueMessage, reason: str, detail: str) -> OutgoingMessage:
+        # An entry without a 'message' field keeps its other fields, byte for byte, as headers.
+        fields = tuple((f"x-redis-field-{name}", value) for name, value in message.headers)
+        return dead_letter(
+            reason=reason,
+            detail=detail,
+            value=message.value,
+            stream=message.topic,
+            entry_id=message.id,
+            stage="mirror",
+            max_value_bytes=MAX_REQUEST_BYTES,
+            extra_headers=fields if message.value is None else (),
+        )
+
+    async def _produce(
+        self, outgoing: Sequence[tuple[QueueMessage, OutgoingMessage]], stop: asyncio.Event | None
+    ) -> list[QueueMessage]:
+        """Produce until every record is in Kafka; returns the entries that may be acked.
+
+        Retriable failures (Kafka away, timeouts) are retried with backoff for as long as it
+        takes; only a stop request ends the wait, leaving those entries pending for replay.
+        """
+        done: list[QueueMessage] = []
+        pending = list(outgoing)
+        backoff_s = BACKOFF_INITIAL_S
+        while pending:
+            outcomes = await self._producer.send_many([record for _, record in pending])
+            retry: list[tuple[QueueMessage, OutgoingMessage]] = []
+            transient = 0
+            for (message, record), outcome in zip(pending, outcomes, strict=True):
+                if isinstance(outcome, SendResult):
+                    done.append(message)
+                    if record.destination == DLQ_TOPIC:
+                        self.stats.dead_lettered[_header(record, "x-error")] += 1
+                    else:
+                        self.stats.mirrored[record.destination] += 1
+                elif isinstance(outcome, MessageTooLargeError) and record.destination != DLQ_TOPIC:
+                    retry.append((message, self._dead_letter(message, "too_large", str(outcome))))
+                elif outcome.retriable:
+                    retry.append((message, record))
+                    transient += 1
+                else:
+                    # Not the record's fault and not passing (authorisation, a deleted topic):
+                    # stop with the entry unacked rather than drop or dead-letter good work.
+                    raise outcome
+            pending = retry
+            if transient:
+                self.stats.produce_retries += 1
+                logger.warning(
+                    "Kafka did not take %d records; retrying in %.1f s", transient, backoff_s
+                )
+                if await _wait(stop, backoff_s):
+                    logger.info(
+                        "stopping with %d entries unacked; they will be replayed", transient
+                    )
+                    break
+                backoff_s = min(backoff_s * 2, BACKOFF_MAX_S)
+        return done
+
+    async def _maybe_log_status(self) -> None:
+        now = time.monotonic()
+        if now < self._next_status:
+            return
+        self._next_status = now + self.settings.mirror.status_interval_s
+        lags = []
+        for stream in self.settings.mirror.streams:
+            try:
+                lag = await stream_lag(self._consumer.client, stream, self.settings.mirror.group)
+            except SidecarError as exc:
+                lag = None
+                logger.debug("lag of %s unknown: %s", stream, exc)
+            lags.append(f"{stream}={'absent' if lag is None else lag}")
+        logger.info("mirror status: %s lag %s", self.stats.summary(), " ".join(lags))
+
+    async def lag(self) -> dict[str, int | None]:
+        """Entries not yet read by the mirror's group, per stream."""
+        client = self._consumer.client
+        group = self.settings.mirror.group
+        return {s: await stream_lag(client, s, group) for s in self.settings.mirror.streams}
+
+
+def _header(record: OutgoingMessage, name: str) -> str:
+    for key, value in record.headers:
+        if key == name:
+            return value.decode("utf-8", "replace")
+    return "unknown"
+
+
+async def _wait(stop: asyncio.Event | None, seconds: float) -> bool:
+    """Sleep ``seconds`` unless ``stop`` is set first; True when stopping."""
+    if stop is None:
+        await asyncio.sleep(seconds)
+        return False
+    try:
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
+    except TimeoutError:
+        return False
+    return True
