@@ -7,6 +7,7 @@ import json
 
 import valkey.asyncio as avalkey
 
+from sidecar.errors import ConfigError
 from sidecar.mirror import Mirror
 from sidecar.mq import RedisStreamConsumer
 from sidecar.routing import RouteTable
@@ -210,8 +211,6 @@ async def test_entries_of_a_dead_instance_are_taken_over(
 async def test_missing_topics_fail_at_start_and_ragflow_group_is_refused(
     settings: Settings, unique: str
 ) -> None:
-    from sidecar.errors import ConfigError
-
     s = mirror_settings(settings, [unique], MIRROR_ROUTES='{"parse": "no.such.topic"}')
     try:
         async with Mirror(s):

@@ -115,7 +115,9 @@ async def test_two_instances_one_killed_the_other_takes_over(
     total = 20_000
     claim = {"MIRROR_CLAIM_IDLE_MS": "1500"}
     producer = asyncio.create_task(stream_in(valkey_client, unique, total))
-    while not await valkey_client.exists(unique):
+    for _ in range(1000):  # the stream exists once the first chunk is in
+        if await valkey_client.exists(unique):
+            break
         await asyncio.sleep(0.01)
     first = start_mirror(settings, unique, "m1", tmp_path / "m1.log", **claim)
     second = start_mirror(settings, unique, "m2", tmp_path / "m2.log", **claim)
