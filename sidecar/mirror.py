@@ -10,9 +10,10 @@ the DLQ with its bytes and a reason; entries outside the traffic share are acked
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -26,7 +27,7 @@ from sidecar.errors import (
 from sidecar.lag import stream_lag
 from sidecar.mq.base import Lifecycle, OutgoingMessage, SendResult
 from sidecar.mq.kafka import KafkaProducer
-from sidecar.mq.message import QueueMessage
+from sidecar.mq.message import QueueMessage, decode_task
 from sidecar.mq.redis_streams import RedisStreamConsumer
 from sidecar.routing import RouteTable
 from sidecar.settings import Settings
@@ -53,6 +54,8 @@ class MirrorStats:
     unknown_task_types: Counter[str] = field(default_factory=Counter)
     produce_retries: int = 0
     batches: int = 0
+    # XADD (the entry id's milliseconds) to Kafka's ack, for the latest records mirrored.
+    latency_ms: deque[int] = field(default_factory=lambda: deque(maxlen=100_000))
 
     def summary(self) -> str:
         return (
@@ -89,6 +92,7 @@ class Mirror(Lifecycle):
             **(producer_overrides or {}),
         )
         self._next_status = 0.0
+        self._percent = mirror.traffic_percent
 
     async def _start(self) -> None:
         needed = sorted({*self.routes.topics, DLQ_TOPIC})
@@ -121,17 +125,46 @@ class Mirror(Lifecycle):
         logger.info("mirror stopped: %s", self.stats.summary())
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Mirror until ``stop`` is set; the batch in hand is finished first."""
-        while not stop.is_set():
-            await self.mirror_once(stop)
-            await self._maybe_log_status()
+        """Mirror until ``stop`` is set; batches already read are finished first.
+
+        The next batch is read while Kafka acknowledges the current one. Reading sends nothing
+        to Kafka, so order is unchanged; at most two batches are ever held in memory.
+        """
+        mirror = self.settings.mirror
+        prefetch: asyncio.Task[list[QueueMessage]] | None = None
+        try:
+            while True:
+                if prefetch is not None:
+                    batch = await prefetch
+                    prefetch = None
+                elif stop.is_set():
+                    break
+                else:
+                    batch = await self._consumer.poll_batch(mirror.batch, mirror.block_ms)
+                if batch:
+                    if not stop.is_set():
+                        prefetch = asyncio.create_task(
+                            self._consumer.poll_batch(mirror.batch, mirror.block_ms),
+                            name="mirror-prefetch",
+                        )
+                    await self._mirror_batch(batch, stop)
+                await self._maybe_log_status()
+        finally:
+            if prefetch is not None:
+                # Entries it read stay pending in our group and are replayed on restart.
+                prefetch.cancel()
+                with contextlib.suppress(asyncio.CancelledError, SidecarError):
+                    await prefetch
 
     async def mirror_once(self, stop: asyncio.Event | None = None) -> int:
         """Read one batch, put it in Kafka, ack it; returns how many entries were read."""
         mirror = self.settings.mirror
         batch = await self._consumer.poll_batch(mirror.batch, mirror.block_ms)
-        if not batch:
-            return 0
+        if batch:
+            await self._mirror_batch(batch, stop)
+        return len(batch)
+
+    async def _mirror_batch(self, batch: list[QueueMessage], stop: asyncio.Event | None) -> None:
         self.stats.read += len(batch)
         self.stats.batches += 1
         outgoing: list[tuple[QueueMessage, OutgoingMessage]] = []
@@ -144,12 +177,11 @@ class Mirror(Lifecycle):
                 outgoing.append((message, record))
         settled += await self._produce(outgoing, stop)
         await self._consumer.ack_many(settled)
-        return len(batch)
 
     def _plan(self, message: QueueMessage) -> OutgoingMessage | None:
         """The Kafka record for an entry, or ``None`` when it stays out of Kafka."""
         try:
-            task = message.payload
+            task = decode_task(message.value)
             task_id = task.get("id")
             if not isinstance(task_id, str) or not task_id:
                 raise MessageDecodeError("no_task_id", "the task has no string 'id'")
@@ -159,7 +191,7 @@ class Mirror(Lifecycle):
         route = self.routes.route(task, priority)
         if not route.known_type:
             self.stats.unknown_task_types[route.task_type] += 1
-        if not in_traffic_share(route.key, self.settings.mirror.traffic_percent):
+        if self._percent < 100 and not in_traffic_share(route.key, self._percent):
             self.stats.skipped["outside_share"] += 1
             return None
         tenant = task.get("tenant_id")
@@ -208,15 +240,19 @@ class Mirror(Lifecycle):
         backoff_s = BACKOFF_INITIAL_S
         while pending:
             outcomes = await self._producer.send_many([record for _, record in pending])
+            acked_ms = int(time.time() * 1000)
             retry: list[tuple[QueueMessage, OutgoingMessage]] = []
             transient = 0
+            mirrored: list[str] = []
+            latency = self.stats.latency_ms
             for (message, record), outcome in zip(pending, outcomes, strict=True):
                 if isinstance(outcome, SendResult):
                     done.append(message)
                     if record.destination == DLQ_TOPIC:
                         self.stats.dead_lettered[_header(record, "x-error")] += 1
                     else:
-                        self.stats.mirrored[record.destination] += 1
+                        mirrored.append(record.destination)
+                        latency.append(acked_ms - message.timestamp_ms)
                 elif isinstance(outcome, MessageTooLargeError) and record.destination != DLQ_TOPIC:
                     retry.append((message, self._dead_letter(message, "too_large", str(outcome))))
                 elif outcome.retriable:
@@ -226,6 +262,7 @@ class Mirror(Lifecycle):
                     # Not the record's fault and not passing (authorisation, a deleted topic):
                     # stop with the entry unacked rather than drop or dead-letter good work.
                     raise outcome
+            self.stats.mirrored.update(mirrored)
             pending = retry
             if transient:
                 self.stats.produce_retries += 1

@@ -10,7 +10,7 @@ import shutil
 import socket
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,7 @@ import valkey.asyncio as avalkey
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from sidecar.errors import LocalStackError
-from sidecar.local_stack import LocalStack, StackConfig
+from sidecar.local_stack import LocalKafka, LocalStack, StackConfig
 from sidecar.settings import Settings
 
 _STACK = pytest.StashKey[LocalStack]()
@@ -112,3 +112,13 @@ async def make_topic(settings: Settings) -> AsyncIterator[Callable[[int], Awaita
     if created:
         await admin.delete_topics(created)
     await admin.close()
+
+
+@pytest.fixture
+def own_broker(tmp_path: Path) -> Iterator[LocalKafka]:
+    """A broker of this test's own: killing the session's would disturb other tests."""
+    broker = LocalKafka(tmp_path / "stack", free_port(), free_port())
+    broker.start()
+    yield broker
+    broker.stop()
+    shutil.rmtree(tmp_path / "stack", ignore_errors=True)

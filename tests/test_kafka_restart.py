@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -14,19 +11,8 @@ from sidecar.errors import SidecarError
 from sidecar.local_stack import LocalKafka
 from sidecar.mq import KafkaConsumer, KafkaProducer, OutgoingMessage
 from sidecar.settings import Settings
-from tests.conftest import free_port
 
 pytestmark = pytest.mark.faults
-
-
-@pytest.fixture
-def own_broker(tmp_path: Path) -> Iterator[LocalKafka]:
-    """A broker of this test's own: killing the session's would disturb other tests."""
-    broker = LocalKafka(tmp_path / "stack", free_port(), free_port())
-    broker.start()
-    yield broker
-    broker.stop()
-    shutil.rmtree(tmp_path / "stack", ignore_errors=True)
 
 
 async def test_kill_9_and_restart_keeps_every_acknowledged_record(own_broker: LocalKafka) -> None:

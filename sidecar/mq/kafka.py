@@ -86,6 +86,8 @@ class KafkaProducer(MessageQueueProducer):
         self._overrides = overrides
         self._producer: Any = None
         self._where = _where(settings)
+        timeout_ms = int(overrides.get("request_timeout_ms", settings.request_timeout_ms))
+        self._delivery_timeout_s = (2 * timeout_ms + settings.linger_ms) / 1000 + 1
 
     async def _start(self) -> None:
         options: dict[str, Any] = {
@@ -112,7 +114,11 @@ class KafkaProducer(MessageQueueProducer):
         producer, self._producer = self._producer, None
         if producer is not None:
             with translate_kafka_errors("flush and stop the producer", self._where):
-                await producer.stop()
+                try:
+                    # A flush towards a broker that is gone would wait forever.
+                    await asyncio.wait_for(producer.stop(), timeout=self._delivery_timeout_s)
+                except TimeoutError:
+                    logger.warning("producer did not flush in %.0f s", self._delivery_timeout_s)
 
     async def send_many(
         self, messages: Sequence[OutgoingMessage]
@@ -127,7 +133,7 @@ class KafkaProducer(MessageQueueProducer):
                     message.destination,
                     message.value_bytes(),
                     key=message.key_bytes(),
-                    headers=list(message.headers) or None,
+                    headers=message.headers or None,
                 )
             except kafka_errors.KafkaError as exc:
                 pending.append(
@@ -135,13 +141,26 @@ class KafkaProducer(MessageQueueProducer):
                 )
                 continue
             pending.append(future)
+        # aiokafka can leave a future pending for as long as a dead broker's connection looks
+        # open; past the delivery timeout the record counts as not taken and is sent again.
+        futures = [item for item in pending if not isinstance(item, SidecarError)]
+        if futures:
+            await asyncio.wait(futures, timeout=self._delivery_timeout_s)
         outcomes: list[SendResult | SidecarError] = []
         for message, item in zip(messages, pending, strict=True):
             if isinstance(item, SidecarError):
                 outcomes.append(item)
                 continue
+            if not item.done():
+                outcomes.append(
+                    RetriableMessageQueueError(
+                        f"Kafka at {self._where} did not acknowledge a record for "
+                        f"{message.destination} within {self._delivery_timeout_s:.0f} s"
+                    )
+                )
+                continue
             try:
-                metadata = await item
+                metadata = item.result()
             except kafka_errors.KafkaError as exc:
                 outcomes.append(
                     translate_kafka_error(exc, f"send to {message.destination}", self._where)

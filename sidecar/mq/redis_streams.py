@@ -85,11 +85,16 @@ def entry_to_message(
     """A stream entry as a :class:`QueueMessage`; fields other than ``message`` become headers."""
     text_id = entry_id.decode("ascii")
     millis, _, _ = text_id.partition("-")
-    headers = tuple(
-        # surrogateescape keeps field names that are not UTF-8 recoverable byte for byte.
-        (name.decode("utf-8", "surrogateescape"), value)
-        for name, value in fields.items()
-        if name != MESSAGE_FIELD
+    # RAGFlow's entries hold one field; only others need turning into headers.
+    headers = (
+        ()
+        if len(fields) == 1 and MESSAGE_FIELD in fields
+        else tuple(
+            # surrogateescape keeps field names that are not UTF-8 recoverable byte for byte.
+            (name.decode("utf-8", "surrogateescape"), value)
+            for name, value in fields.items()
+            if name != MESSAGE_FIELD
+        )
     )
     return QueueMessage(
         id=text_id,
