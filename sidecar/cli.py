@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sidecar import __version__
+from sidecar.demo import run_demo
 from sidecar.errors import SidecarError
 from sidecar.local_stack import LocalStack, StackConfig
 from sidecar.mirror import Mirror
@@ -48,7 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser("check", help="connect to Valkey and Kafka and print their versions")
     commands.add_parser("roundtrip", help="send a task through each backend and read it back")
 
-    demo = commands.add_parser("demo", help="local stack up, topics, round trips, stack down")
+    demo = commands.add_parser(
+        "demo", help="local stack up, topics, mirror RAGFlow-shaped tasks, stack down"
+    )
     _stack_options(demo)
     return parser
 
@@ -155,15 +158,8 @@ def _demo(args: argparse.Namespace) -> int:
     stack.up()
     print(stack.exports(), end="")
     try:
-        settings = Settings.from_env(
-            {
-                "REDIS_URL": stack.valkey.url,
-                "KAFKA_BOOTSTRAP_SERVERS": stack.kafka.bootstrap_servers,
-            }
-        )
         print(f"valkey {stack.valkey.version()}, kafka {stack.kafka.running_version()}")
-        code = asyncio.run(_init_topics(settings, None))
-        return code or asyncio.run(_roundtrips(settings))
+        return asyncio.run(run_demo(stack))
     finally:
         if not already_running:
             print(f"stopped {', '.join(stack.down())}")

@@ -93,6 +93,7 @@ class Mirror(Lifecycle):
         )
         self._next_status = 0.0
         self._percent = mirror.traffic_percent
+        self._stream_headers: dict[str, tuple[tuple[str, bytes], ...]] = {}
 
     async def _start(self) -> None:
         needed = sorted({*self.routes.topics, DLQ_TOPIC})
@@ -195,16 +196,22 @@ class Mirror(Lifecycle):
             self.stats.skipped["outside_share"] += 1
             return None
         tenant = task.get("tenant_id")
+        stream_headers = self._stream_headers.get(message.topic)
+        if stream_headers is None:
+            stream_headers = self._stream_headers[message.topic] = _stream_headers(
+                message.topic, priority
+            )
+        priority_header, source, retry_count, schema, redis_stream = stream_headers
         headers = [
             ("x-task-type", route.task_type.encode()),
             ("x-task-id", task_id.encode()),
             ("x-tenant-id", tenant.encode() if isinstance(tenant, str) else b""),
-            ("x-priority", str(priority).encode()),
-            ("x-source", f"redis:{message.topic}".encode()),
+            priority_header,
+            source,
             ("x-timestamp", str(message.timestamp_ms).encode()),
-            ("x-retry-count", b"0"),
-            ("x-schema-version", SCHEMA_VERSION),
-            ("x-redis-stream", message.topic.encode()),
+            retry_count,
+            schema,
+            redis_stream,
             ("x-redis-id", message.id.encode()),
         ]
         traceparent = message.header("traceparent")
@@ -297,6 +304,17 @@ class Mirror(Lifecycle):
         client = self._consumer.client
         group = self.settings.mirror.group
         return {s: await stream_lag(client, s, group) for s in self.settings.mirror.streams}
+
+
+def _stream_headers(stream: str, priority: int) -> tuple[tuple[str, bytes], ...]:
+    """The headers every record from ``stream`` carries, built once per stream."""
+    return (
+        ("x-priority", str(priority).encode()),
+        ("x-source", f"redis:{stream}".encode()),
+        ("x-retry-count", b"0"),
+        ("x-schema-version", SCHEMA_VERSION),
+        ("x-redis-stream", stream.encode()),
+    )
 
 
 def _header(record: OutgoingMessage, name: str) -> str:

@@ -1,4 +1,4 @@
-"""Shared pieces for the mirror tests: RAGFlow-shaped tasks, a RAGFlow-like worker, Kafka reads."""
+"""Shared pieces for the mirror tests: a RAGFlow-like worker and reading back from Kafka."""
 
 from __future__ import annotations
 
@@ -11,43 +11,13 @@ from typing import Any
 import valkey.asyncio as avalkey
 
 from sidecar.mq import KafkaConsumer
+from sidecar.samples import ragflow_tasks
 from sidecar.settings import Settings
 from sidecar.topics import TOPIC_PLAN
 
+__all__ = ["RAGFLOW_GROUP", "group_state", "ragflow_tasks", "ragflow_worker", "read_mirrored"]
+
 RAGFLOW_GROUP = "rag_flow_svr_task_broker"
-
-
-def ragflow_tasks(n: int) -> list[dict[str, Any]]:
-    """``n`` tasks cycling through the five shapes of ../shared/ragflow-queue.md."""
-    tasks: list[dict[str, Any]] = []
-    for i in range(n):
-        tid, doc = uuid.uuid1().hex, uuid.uuid1().hex
-        common = {"begin_at": "2026-08-22 10:15:03", "digest": "9f3c1b2a7d4e6f80",
-                  "create_time": 1787379303123 + i, "create_date": "2026-08-22 10:15:03",
-                  "update_time": 1787379303123 + i, "update_date": "2026-08-22 10:15:03"}  # fmt: skip
-        kind = i % 5
-        if kind == 0:
-            task = {"id": tid, "doc_id": doc, "progress": 0.0, "from_page": 0, "to_page": 12,
-                    "priority": 0, **common}  # fmt: skip
-        elif kind == 1:
-            task = {"id": tid, "doc_id": "graph_raptor_x", "from_page": 100000000,
-                    "to_page": 100000000, "task_type": "raptor",
-                    "progress_msg": "10:20:00 created task raptor", **common,
-                    "doc_ids": ["d1", "d2"]}  # fmt: skip
-        elif kind == 2:
-            task = {"id": tid, "doc_id": doc, "from_page": 100000000, "to_page": 100000000,
-                    "task_type": "raptor", "progress_msg": "", **common, "doc_ids": [doc]}  # fmt: skip
-        elif kind == 3:
-            task = {"id": tid, "doc_id": doc, "task_type": "dataflow", "kb_id": "kb1",
-                    "tenant_id": "tenant-7", "dataflow_id": "df1", "file": None, **common}  # fmt: skip
-        else:
-            task = {"id": tid, "task_id": tid, "task_type": "memory", "memory_id": f"mem{i % 3}",
-                    "tenant_id": "tenant-7", "source_id": 1042,
-                    "message_dict": {"user_id": "", "agent_id": "a1", "session_id": "s1",
-                                     "user_input": "Grüße, 你好 \"quoted\"\n",
-                                     "agent_response": "ok"}}  # fmt: skip
-        tasks.append(task)
-    return tasks
 
 
 async def ragflow_worker(
