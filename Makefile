@@ -22,8 +22,8 @@ system-deps:
 	fi
 
 lint: $(STAMP)
-	$(BIN)/ruff check sidecar comparators tests
-	$(BIN)/ruff format --check sidecar comparators tests
+	$(BIN)/ruff check sidecar comparators tests bench
+	$(BIN)/ruff format --check sidecar comparators tests bench
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

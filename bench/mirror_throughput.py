@@ -29,6 +29,8 @@ from aiokafka import AIOKafkaProducer
 
 from sidecar.local_stack import LocalStack, StackConfig
 from sidecar.mirror import Mirror
+from sidecar.mq.message import encode_task
+from sidecar.roundtrip import sample_parse_task
 from sidecar.settings import Settings
 from sidecar.topics import PARSE_TOPIC, init_topics
 
@@ -42,23 +44,7 @@ def free_port() -> int:
 
 
 def task() -> bytes:
-    now = "2026-08-22 10:15:03"
-    return json.dumps(
-        {
-            "id": uuid.uuid1().hex,
-            "doc_id": uuid.uuid1().hex,
-            "progress": 0.0,
-            "from_page": 0,
-            "to_page": 12,
-            "begin_at": now,
-            "digest": "9f3c1b2a7d4e6f80",
-            "priority": 0,
-            "create_time": 1787379303123,
-            "create_date": now,
-            "update_time": 1787379303123,
-            "update_date": now,
-        }  # fmt: skip
-    ).encode()
+    return encode_task(sample_parse_task())
 
 
 def fill(url: str, stream: str, count: int) -> None:
@@ -141,7 +127,7 @@ async def mirror_run(stack: LocalStack, stream: str, count: int) -> float:
     async with Mirror(mirror_settings(stack, stream)) as mirror:
         started = time.perf_counter()
         running = asyncio.create_task(mirror.run(stop))
-        while mirror.stats.read < count:
+        while mirror.stats.read < count:  # noqa: ASYNC110 - polls a counter, not an event
             await asyncio.sleep(0.005)
         # read counts a batch before Kafka has it; the loop finishes it before returning.
         stop.set()
@@ -171,7 +157,7 @@ async def latency(stack: LocalStack, rate: int, seconds: int) -> list[int]:
         running = asyncio.create_task(mirror.run(stop))
         writer = threading.Thread(target=paced)
         writer.start()
-        while mirror.stats.read < total + 1:
+        while mirror.stats.read < total + 1:  # noqa: ASYNC110 - polls a counter
             await asyncio.sleep(0.01)
         stop.set()
         await running
