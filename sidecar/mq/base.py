@@ -5,9 +5,8 @@ from __future__ import annotations
 import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, NamedTuple, Self
 
 from sidecar.errors import SidecarError
 from sidecar.mq.message import QueueMessage, encode_task
@@ -15,8 +14,9 @@ from sidecar.mq.message import QueueMessage, encode_task
 Headers = Sequence[tuple[str, bytes]]
 
 
-@dataclass(frozen=True)
-class SendResult:
+# Both are NamedTuples, not dataclasses: the mirror makes one of each per task, and a
+# frozen dataclass costs several times more to build on that hot path.
+class SendResult(NamedTuple):
     """Where a produced message was stored: a stream entry id, or a topic/partition/offset."""
 
     destination: str
@@ -25,14 +25,13 @@ class SendResult:
     offset: int = -1
 
 
-@dataclass(frozen=True)
-class OutgoingMessage:
+class OutgoingMessage(NamedTuple):
     """One message to produce; ``value`` is sent as is when bytes, else as RAGFlow's JSON."""
 
     destination: str
     value: bytes | Mapping[str, Any]
     key: str | bytes | None = None
-    headers: Headers = field(default=())
+    headers: Headers = ()
 
     def value_bytes(self) -> bytes:
         return self.value if isinstance(self.value, bytes) else encode_task(self.value)

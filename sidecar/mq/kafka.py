@@ -166,14 +166,8 @@ class KafkaProducer(MessageQueueProducer):
                     translate_kafka_error(exc, f"send to {message.destination}", self._where)
                 )
                 continue
-            outcomes.append(
-                SendResult(
-                    destination=metadata.topic,
-                    id=f"{metadata.topic}:{metadata.partition}:{metadata.offset}",
-                    partition=metadata.partition,
-                    offset=metadata.offset,
-                )
-            )
+            topic, partition, offset = metadata.topic, metadata.partition, metadata.offset
+            outcomes.append(SendResult(topic, f"{topic}:{partition}:{offset}", partition, offset))
         return outcomes
 
     async def flush(self) -> None:

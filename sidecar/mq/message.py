@@ -19,7 +19,8 @@ class MessageSettler(Protocol):
     async def nack(self, message: QueueMessage, delay_ms: int = 0) -> None: ...
 
 
-@dataclass(frozen=True, eq=False)
+# Not frozen: the mirror builds one per entry, and frozen init costs a setattr call per field.
+@dataclass(eq=False)
 class QueueMessage:
     """One message as read from a Redis stream or a Kafka topic.
 
