@@ -28,7 +28,7 @@ from sidecar.lag import stream_lag
 from sidecar.mq.base import Lifecycle, OutgoingMessage, SendResult
 from sidecar.mq.kafka import KafkaProducer
 from sidecar.mq.message import QueueMessage, decode_task
-from sidecar.mq.redis_streams import RedisStreamConsumer
+from sidecar.mq.redis_streams import RedisStreamConsumer, translate_valkey_errors
 from sidecar.routing import RouteTable
 from sidecar.settings import Settings
 from sidecar.topics import DLQ_TOPIC, missing_topics
@@ -289,21 +289,21 @@ class Mirror(Lifecycle):
         if now < self._next_status:
             return
         self._next_status = now + self.settings.mirror.status_interval_s
-        lags = []
-        for stream in self.settings.mirror.streams:
-            try:
-                lag = await stream_lag(self._consumer.client, stream, self.settings.mirror.group)
-            except SidecarError as exc:
-                lag = None
-                logger.debug("lag of %s unknown: %s", stream, exc)
-            lags.append(f"{stream}={'absent' if lag is None else lag}")
-        logger.info("mirror status: %s lag %s", self.stats.summary(), " ".join(lags))
+        try:
+            lags = " ".join(
+                f"{stream}={'absent' if lag is None else lag}"
+                for stream, lag in (await self.lag()).items()
+            )
+        except SidecarError as exc:
+            lags = f"unknown ({exc})"
+        logger.info("mirror status: %s lag %s", self.stats.summary(), lags)
 
     async def lag(self) -> dict[str, int | None]:
-        """Entries not yet read by the mirror's group, per stream."""
+        """Entries not yet read by the mirror's group, per stream (``None``: no stream yet)."""
         client = self._consumer.client
         group = self.settings.mirror.group
-        return {s: await stream_lag(client, s, group) for s in self.settings.mirror.streams}
+        with translate_valkey_errors("read the lag", self.settings.redis.display_url):
+            return {s: await stream_lag(client, s, group) for s in self.settings.mirror.streams}
 
 
 def _stream_headers(stream: str, priority: int) -> tuple[tuple[str, bytes], ...]:
