@@ -9,8 +9,7 @@ document tasks, the task ``id`` for dataset-wide jobs (whose ``doc_id`` is the s
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from sidecar.topics import (
     DATAFLOW_TOPIC,
@@ -40,8 +39,8 @@ DEFAULT_ROUTES: dict[str, str] = {
 Kind = Literal["parse", "dataflow", "dataset", "memory", "other"]
 
 
-@dataclass(frozen=True)
-class Route:
+# A NamedTuple, not a frozen dataclass: the mirror builds one per task on its hot path.
+class Route(NamedTuple):
     """Where one task goes and why."""
 
     topic: str
@@ -67,6 +66,7 @@ class RouteTable:
             key=lambda item: -len(item[0]),
         )
         self._priority_parse_topic = priority_parse_topic
+        self._parse_topic = self._exact.get(PARSE, PARSE_TOPIC)
 
     @property
     def topics(self) -> set[str]:
@@ -83,38 +83,38 @@ class RouteTable:
     def route(self, task: Mapping[str, Any], priority: int) -> Route:
         """The route of a decoded task read from a stream of ``priority`` (0 or 1)."""
         raw_type = task.get("task_type")
-        task_type = raw_type if isinstance(raw_type, str) and raw_type else PARSE
-        task_id = str(task.get("id"))
+        task_type = raw_type if raw_type and isinstance(raw_type, str) else PARSE
         doc_id = task.get("doc_id")
         dataset_wide = doc_id == FAKE_DOC_ID
-        topic = self._topic_for(task_type)
+        topic = self._exact.get(task_type) or self._topic_for(task_type)
         known = topic is not None
         if topic is None:
             # Unknown types are carried, not dropped, on the parse topic; the caller counts them.
-            topic = self._exact.get(PARSE, PARSE_TOPIC)
+            topic = self._parse_topic
         if dataset_wide and task_type == PARSE:
             topic = GRAPHRAG_TOPIC
-        if topic == self._exact.get(PARSE, PARSE_TOPIC) and priority >= 1 and known:
+        if topic == self._parse_topic and priority >= 1 and known:
             topic = self._priority_parse_topic
         kind = _kind(topic, dataset_wide)
         if kind == "memory":
-            key = str(task.get("memory_id") or task_id)
-        elif dataset_wide or not isinstance(doc_id, str) or not doc_id:
-            key = task_id
+            key = str(task.get("memory_id") or task.get("id"))
+        elif dataset_wide or not doc_id or not isinstance(doc_id, str):
+            key = str(task.get("id"))
         else:
             # A per-document raptor carries the real doc id: keyed by it, the document's tasks
             # stay in order and the document is wholly in or out of the traffic share.
             key = doc_id
-        return Route(topic=topic, key=key, task_type=task_type, kind=kind, known_type=known)
+        return Route(topic, key, task_type, kind, known)
+
+
+_KIND_OF_TOPIC: dict[str, Kind] = {
+    PARSE_TOPIC: "parse",
+    PARSE_PRIORITY_TOPIC: "parse",
+    DATAFLOW_TOPIC: "dataflow",
+    GRAPHRAG_TOPIC: "dataset",
+    MEMORY_TOPIC: "memory",
+}
 
 
 def _kind(topic: str, dataset_wide: bool) -> Kind:
-    if topic == GRAPHRAG_TOPIC or dataset_wide:
-        return "dataset"
-    if topic == DATAFLOW_TOPIC:
-        return "dataflow"
-    if topic == MEMORY_TOPIC:
-        return "memory"
-    if topic in (PARSE_TOPIC, PARSE_PRIORITY_TOPIC):
-        return "parse"
-    return "other"
+    return "dataset" if dataset_wide else _KIND_OF_TOPIC.get(topic, "other")

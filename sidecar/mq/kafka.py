@@ -33,6 +33,7 @@ from sidecar.mq.base import MessageQueueConsumer, MessageQueueProducer, Outgoing
 from sidecar.mq.message import QueueMessage
 from sidecar.mq.offsets import PartitionOffsets
 from sidecar.mq.redelivery import DelayedRedeliveries
+from sidecar.partitioner import KeyPartitioner
 from sidecar.settings import KafkaSettings
 
 logger = logging.getLogger(__name__)
@@ -96,6 +97,7 @@ class KafkaProducer(MessageQueueProducer):
             "enable_idempotence": True,
             "compression_type": self._settings.compression_type,
             "linger_ms": self._settings.linger_ms,
+            "partitioner": KeyPartitioner(),
         }
         options.update(self._overrides)
         try:
@@ -145,7 +147,14 @@ class KafkaProducer(MessageQueueProducer):
         # open; past the delivery timeout the record counts as not taken and is sent again.
         futures = [item for item in pending if not isinstance(item, SidecarError)]
         if futures:
-            await asyncio.wait(futures, timeout=self._delivery_timeout_s)
+            # Waiting on the last record first usually finds the rest done already, and
+            # registers one callback instead of one per record.
+            deadline = asyncio.get_running_loop().time() + self._delivery_timeout_s
+            await asyncio.wait(futures[-1:], timeout=self._delivery_timeout_s)
+            unfinished = [future for future in futures if not future.done()]
+            remaining_s = deadline - asyncio.get_running_loop().time()
+            if unfinished and remaining_s > 0:
+                await asyncio.wait(unfinished, timeout=remaining_s)
         outcomes: list[SendResult | SidecarError] = []
         for message, item in zip(messages, pending, strict=True):
             if isinstance(item, SidecarError):
