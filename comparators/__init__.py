@@ -1,5 +1,36 @@
 """Comparators: how the outcomes of the Redis path and the Kafka path are judged alike."""
 
-from comparators.digest import canonical_json, outcome_digest
+from comparators.base import Comparator, Difference
+from comparators.delivery import DeliveryComparator
+from comparators.digest import canonical_digest, canonical_json, outcome_digest
+from comparators.errors import RulesError
+from comparators.noise import NoiseBaseline
+from comparators.ordering import OrderingComparator, OrderTracker, parse_entry_id
+from comparators.outcome import OutcomeComparator, OutcomeComparison
+from comparators.paths import readable_path, to_deepdiff_path
+from comparators.payload import PayloadComparator
+from comparators.routing import RoutingComparator
+from comparators.rules import CompareRules, TypeRules, load_rules
 
-__all__ = ["canonical_json", "outcome_digest"]
+__all__ = [
+    "Comparator",
+    "CompareRules",
+    "DeliveryComparator",
+    "Difference",
+    "NoiseBaseline",
+    "OrderTracker",
+    "OrderingComparator",
+    "OutcomeComparator",
+    "OutcomeComparison",
+    "PayloadComparator",
+    "RoutingComparator",
+    "RulesError",
+    "TypeRules",
+    "canonical_digest",
+    "canonical_json",
+    "load_rules",
+    "outcome_digest",
+    "parse_entry_id",
+    "readable_path",
+    "to_deepdiff_path",
+]

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from sidecar.dead_letter import dead_letter
@@ -35,6 +35,12 @@ from sidecar.topics import DLQ_TOPIC, missing_topics
 from sidecar.traffic import in_traffic_share
 
 logger = logging.getLogger(__name__)
+
+# Called with each batch's mirrored entries and their records, after Kafka has them and before
+# they are XACKed: the control side of the comparison (sidecar.control).
+AfterProduce = Callable[[list[tuple[QueueMessage, OutgoingMessage]]], Awaitable[None]]
+# Turns a planned record into the records actually sent (sidecar.faults, demo and tests only).
+RecordTransform = Callable[[QueueMessage, OutgoingMessage], list[OutgoingMessage]]
 
 RAGFLOW_GROUPS = ("rag_flow_svr_task_broker", "rag_flow_svr_consumer_group")
 MAX_REQUEST_BYTES = 1_048_576  # aiokafka's default max_request_size, kept explicit
@@ -69,8 +75,17 @@ class MirrorStats:
 class Mirror(Lifecycle):
     """One mirror instance; several may share ``MIRROR_GROUP`` on the same streams."""
 
-    def __init__(self, settings: Settings, *, producer_overrides: dict[str, object] | None = None):
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        producer_overrides: dict[str, object] | None = None,
+        after_produce: AfterProduce | None = None,
+        transform: RecordTransform | None = None,
+    ):
         super().__init__()
+        self._after_produce = after_produce
+        self._transform = transform
         mirror = settings.mirror
         if mirror.group in RAGFLOW_GROUPS:
             raise ConfigError("MIRROR_GROUP", f"{mirror.group!r} is RAGFlow's own group")
@@ -170,14 +185,25 @@ class Mirror(Lifecycle):
         self.stats.batches += 1
         outgoing: list[tuple[QueueMessage, OutgoingMessage]] = []
         settled: list[QueueMessage] = []
+        dropped: list[tuple[QueueMessage, OutgoingMessage]] = []
         for message in batch:
             record = self._plan(message)
             if record is None:
                 settled.append(message)
+            elif self._transform is not None and record.destination != DLQ_TOPIC:
+                sent = self._transform(message, record)
+                outgoing += [(message, one) for one in sent]
+                if not sent:
+                    dropped.append((message, record))
+                    settled.append(message)
             else:
                 outgoing.append((message, record))
-        settled += await self._produce(outgoing, stop)
-        await self._consumer.ack_many(settled)
+        done, mirrored = await self._produce(outgoing, stop)
+        if self._after_produce is not None and (mirrored or dropped):
+            # The control is the Redis copy: recorded once per entry, whatever was sent.
+            once = {(m.topic, m.id): (m, record) for m, record in mirrored + dropped}
+            await self._after_produce(list(once.values()))
+        await self._consumer.ack_many(settled + done)
 
     def _plan(self, message: QueueMessage) -> OutgoingMessage | None:
         """The Kafka record for an entry, or ``None`` when it stays out of Kafka."""
@@ -236,13 +262,15 @@ class Mirror(Lifecycle):
 
     async def _produce(
         self, outgoing: Sequence[tuple[QueueMessage, OutgoingMessage]], stop: asyncio.Event | None
-    ) -> list[QueueMessage]:
-        """Produce until every record is in Kafka; returns the entries that may be acked.
+    ) -> tuple[list[QueueMessage], list[tuple[QueueMessage, OutgoingMessage]]]:
+        """Produce until every record is in Kafka; returns the entries that may be acked, and
+        those of them mirrored to a task topic with their records.
 
         Retriable failures (Kafka away, timeouts) are retried with backoff for as long as it
         takes; only a stop request ends the wait, leaving those entries pending for replay.
         """
         done: list[QueueMessage] = []
+        to_task_topics: list[tuple[QueueMessage, OutgoingMessage]] = []
         pending = list(outgoing)
         backoff_s = BACKOFF_INITIAL_S
         while pending:
@@ -260,6 +288,7 @@ class Mirror(Lifecycle):
                     else:
                         mirrored.append(record.destination)
                         latency.append(acked_ms - message.timestamp_ms)
+                        to_task_topics.append((message, record))
                 elif isinstance(outcome, MessageTooLargeError) and record.destination != DLQ_TOPIC:
                     retry.append((message, self._dead_letter(message, "too_large", str(outcome))))
                 elif outcome.retriable:
@@ -282,7 +311,7 @@ class Mirror(Lifecycle):
                     )
                     break
                 backoff_s = min(backoff_s * 2, BACKOFF_MAX_S)
-        return done
+        return done, to_task_topics
 
     async def _maybe_log_status(self) -> None:
         now = time.monotonic()

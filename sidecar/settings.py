@@ -184,6 +184,26 @@ class MirrorSettings:
 
 
 @dataclass(frozen=True)
+class ShadowSettings:
+    """What ``ragflow-sidecar shadow`` consumes, runs and how it compares the two paths."""
+
+    group: str = "ragflow-shadow"
+    start: str = "earliest"  # where a new shadow group starts in the task topics
+    handler: str = "ragflow"  # ragflow, noop or package.module:callable
+    max_concurrent_tasks: int = 5
+    max_attempts: int = 3
+    retry_backoff_ms: int = 500
+    noise_runs: int = 0  # extra control runs; paths differing between them are noise
+    compare_timeout_s: float = 300.0
+    join_ttl_s: int = 7 * 86400
+    dedup_ttl_s: int = 7 * 86400
+    rules_file: str | None = None
+    latency_tolerance_ms: float = 60000.0
+    observer_interval_ms: int = 500
+    instance: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything the sidecar is configured with."""
 
@@ -191,6 +211,7 @@ class Settings:
     redis: RedisSettings = field(default_factory=RedisSettings)
     kafka: KafkaSettings = field(default_factory=KafkaSettings)
     mirror: MirrorSettings = field(default_factory=MirrorSettings)
+    shadow: ShadowSettings = field(default_factory=ShadowSettings)
 
     @classmethod
     def from_env(
@@ -329,7 +350,38 @@ def _build(reader: _Reader) -> Settings:
         request_timeout_ms=reader.integer("KAFKA_REQUEST_TIMEOUT_MS", 30000, minimum=1000),
     )
     backend = cast(MQBackend, reader.choice("MQ_BACKEND", MQ_BACKENDS, "redis", upper=False))
-    return Settings(mq_backend=backend, redis=redis, kafka=kafka, mirror=_build_mirror(reader))
+    return Settings(
+        mq_backend=backend,
+        redis=redis,
+        kafka=kafka,
+        mirror=_build_mirror(reader),
+        shadow=_build_shadow(reader),
+    )
+
+
+def _build_shadow(reader: _Reader) -> ShadowSettings:
+    defaults = ShadowSettings()
+    rules = reader.text("COMPARE_RULES", None)
+    if rules is not None and not Path(rules).is_file():
+        raise reader.error("COMPARE_RULES", f"no such file: {rules}")
+    return ShadowSettings(
+        group=reader.required_text("SHADOW_GROUP", defaults.group),
+        start=reader.choice("SHADOW_START", ("earliest", "latest"), "earliest", upper=False),
+        handler=reader.required_text("SHADOW_HANDLER", defaults.handler),
+        max_concurrent_tasks=reader.integer("MAX_CONCURRENT_TASKS", 5, minimum=1, maximum=1000),
+        max_attempts=reader.integer("SHADOW_MAX_ATTEMPTS", 3, minimum=1, maximum=100),
+        retry_backoff_ms=reader.integer("SHADOW_RETRY_BACKOFF_MS", 500, minimum=0),
+        noise_runs=reader.integer("SHADOW_NOISE_RUNS", 0, minimum=0, maximum=10),
+        compare_timeout_s=reader.number("SHADOW_COMPARE_TIMEOUT_S", 300.0, 0.1, 7 * 86400.0),
+        join_ttl_s=reader.integer("SHADOW_JOIN_TTL_S", defaults.join_ttl_s, minimum=60),
+        dedup_ttl_s=reader.integer("SHADOW_DEDUP_TTL_S", defaults.dedup_ttl_s, minimum=60),
+        rules_file=rules,
+        latency_tolerance_ms=reader.number(
+            "COMPARE_LATENCY_TOLERANCE_MS", 60000.0, 0.0, 86400000.0
+        ),
+        observer_interval_ms=reader.integer("OBSERVER_INTERVAL_MS", 500, minimum=10),
+        instance=reader.required_text("SIDECAR_INSTANCE", defaults.instance),
+    )
 
 
 _ENTRY_ID = re.compile(r"^\d+(-\d+)?$")
@@ -428,9 +480,26 @@ _MIRROR_VARIABLES: tuple[str, ...] = (
     "STATUS_INTERVAL_S",
     "MIRROR_ROUTES",
 )
+_SHADOW_VARIABLES: tuple[str, ...] = (
+    "SHADOW_GROUP",
+    "SHADOW_START",
+    "SHADOW_HANDLER",
+    "MAX_CONCURRENT_TASKS",
+    "SHADOW_MAX_ATTEMPTS",
+    "SHADOW_RETRY_BACKOFF_MS",
+    "SHADOW_NOISE_RUNS",
+    "SHADOW_COMPARE_TIMEOUT_S",
+    "SHADOW_JOIN_TTL_S",
+    "SHADOW_DEDUP_TTL_S",
+    "COMPARE_RULES",
+    "COMPARE_LATENCY_TOLERANCE_MS",
+    "OBSERVER_INTERVAL_MS",
+    "SIDECAR_INSTANCE",
+)
 _KNOWN_VARIABLES: tuple[str, ...] = (
     "REDIS_URL",
     *_MIRROR_VARIABLES,
+    *_SHADOW_VARIABLES,
     *_KAFKA_FILE_KEYS.values(),
     *_MQ_FILE_KEYS.values(),
 )

@@ -17,6 +17,14 @@ DATAFLOW_TOPIC = "ragflow.task.dataflow"
 GRAPHRAG_TOPIC = "ragflow.task.graphrag"
 MEMORY_TOPIC = "ragflow.task.memory"
 DLQ_TOPIC = "ragflow.task.dlq"
+VERDICTS_TOPIC = "ragflow.shadow.verdicts"
+TASK_TOPICS: tuple[str, ...] = (
+    PARSE_PRIORITY_TOPIC,  # first: the shadow serves it before the others
+    PARSE_TOPIC,
+    DATAFLOW_TOPIC,
+    GRAPHRAG_TOPIC,
+    MEMORY_TOPIC,
+)
 
 # Seed design section 5.2: topic -> partitions.
 TOPIC_PLAN: dict[str, int] = {
@@ -26,6 +34,8 @@ TOPIC_PLAN: dict[str, int] = {
     GRAPHRAG_TOPIC: 2,
     MEMORY_TOPIC: 2,
     DLQ_TOPIC: 2,
+    # Ours, not the seed's: one verdict per mirrored task, keyed by task id.
+    VERDICTS_TOPIC: 4,
 }
 
 _UNKNOWN_TOPIC = 3

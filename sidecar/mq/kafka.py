@@ -292,6 +292,58 @@ class KafkaConsumer(MessageQueueConsumer):
         # The offset stays unfinished, so nothing past it is committed until it is acked.
         self._redeliveries.push(message, delay_ms)
 
+    async def wait_for_assignment(self, timeout_s: float = 60.0) -> dict[str, int]:
+        """Wait until the group has assigned partitions and their positions are resolved.
+
+        Returns ``{"topic[partition]": position}``. With ``auto_offset_reset="latest"`` this is
+        the point after which every record produced will be read.
+        """
+        if self._consumer is None:
+            raise RuntimeError("consumer is not started")
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while not self._consumer.assignment():
+            if asyncio.get_running_loop().time() > deadline:
+                raise RetriableMessageQueueError(
+                    f"Kafka at {self._where} assigned no partition to {self.group_id} "
+                    f"within {timeout_s:.0f} s"
+                )
+            await asyncio.sleep(0.05)
+        positions = {}
+        with translate_kafka_errors("read positions", self._where):
+            for tp in sorted(self._consumer.assignment()):
+                positions[f"{tp.topic}[{tp.partition}]"] = await self._consumer.position(tp)
+        return positions
+
+    async def pin_start_positions(self, timeout_s: float = 60.0) -> None:
+        """Commit the current position of every assigned partition that has no commit yet.
+
+        A group that starts at ``latest`` must start there once: without this, a partition
+        that saw no commit before a restart would be reset to the end again, skipping what
+        arrived meanwhile.
+        """
+        await self.wait_for_assignment(timeout_s)
+        assert self._consumer is not None
+        with translate_kafka_errors("pin start positions", self._where):
+            for tp in sorted(self._consumer.assignment()):
+                if await self._consumer.committed(tp) is None:
+                    position = await self._consumer.position(tp)
+                    await self._consumer.commit({tp: position})
+                    self._committed[tp] = position
+
+    def pause_all_but(self, topics: Sequence[str]) -> None:
+        """Stop fetching every assigned partition not of ``topics`` (positions are kept)."""
+        if self._consumer is None:
+            return
+        keep = set(topics)
+        paused = [tp for tp in self._consumer.assignment() if tp.topic not in keep]
+        if paused:
+            self._consumer.pause(*paused)
+
+    def resume_all(self) -> None:
+        """Fetch every assigned partition again."""
+        if self._consumer is not None and self._consumer.paused():
+            self._consumer.resume(*self._consumer.paused())
+
     def in_flight(self, topic: str, partition: int) -> int:
         """Records of that partition handed out and not yet acked."""
         offsets = self._offsets.get(TopicPartition(topic, partition))

@@ -1,0 +1,340 @@
+"""The shadow consumer: processes the Kafka copy of each task beside RAGFlow's Redis worker.
+
+It reads every task topic in ``SHADOW_GROUP``; while the priority topic has records the other
+topics are paused. At most ``MAX_CONCURRENT_TASKS`` run at once, and a partition's offset is
+committed only up to its lowest unfinished record. A record is processed once per stream entry
+(``x-redis-stream`` + ``x-redis-id``), however often the mirror replayed it: the first delivery
+takes a Valkey key with NX and a TTL; a later one is recorded as a duplicate. A handler failure
+is retried with backoff up to ``SHADOW_MAX_ATTEMPTS``, then the record goes to the DLQ with its
+original bytes and headers. Either way the outcome is the candidate side of the comparison.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from comparators import OrderTracker
+from sidecar.control import header_value, value_sha
+from sidecar.dead_letter import dead_letter
+from sidecar.errors import MessageDecodeError, SidecarError
+from sidecar.handlers import HandlerResult, NamedHandler, TaskMeta, load_handler, run_handler
+from sidecar.join import ALIVE_PREFIX, SEEN_PREFIX, Arrival, EntryRef
+from sidecar.judge import Judge, digest_or_none
+from sidecar.mq.base import Lifecycle
+from sidecar.mq.kafka import KafkaConsumer, KafkaProducer
+from sidecar.mq.message import QueueMessage, decode_task
+from sidecar.mq.redis_streams import translate_valkey_errors
+from sidecar.settings import Settings
+from sidecar.topics import PARSE_PRIORITY_TOPIC, TASK_TOPICS
+
+logger = logging.getLogger(__name__)
+
+MAX_DLQ_BYTES = 1_048_576
+ALIVE_TTL_MS = 15_000
+POLL_TIMEOUT_MS = 200
+
+
+@dataclass
+class ShadowStats:
+    """Counters since start; the metrics exporter reads these."""
+
+    processed: Counter[str] = field(default_factory=Counter)  # by topic
+    duplicates: int = 0
+    retries: int = 0
+    dead_lettered: Counter[str] = field(default_factory=Counter)  # by reason
+    in_flight: int = 0
+
+
+class ShadowConsumer(Lifecycle):
+    """One shadow instance; several share ``SHADOW_GROUP`` and split the partitions."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        judge: Judge,
+        *,
+        handler: NamedHandler | None = None,
+        topics: tuple[str, ...] = TASK_TOPICS,
+        consumer_overrides: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self.settings = settings
+        self.stats = ShadowStats()
+        self._judge = judge
+        self._handler = handler or load_handler(settings.shadow.handler)
+        self._instance = settings.shadow.instance
+        self._consumer = KafkaConsumer(
+            settings.kafka,
+            topics,
+            settings.shadow.group,
+            auto_offset_reset=settings.shadow.start,
+            **(consumer_overrides or {}),
+        )
+        self._dlq = KafkaProducer(settings.kafka, max_request_size=MAX_DLQ_BYTES)
+        self._client = judge.join_client
+        self._where = settings.redis.display_url
+        self._order = OrderTracker()
+        self._priority_topics = [t for t in topics if t == PARSE_PRIORITY_TOPIC]
+
+    async def _start(self) -> None:
+        await self._dlq.start()
+        try:
+            await self._consumer.start()
+        except BaseException:
+            await self._dlq.stop()
+            raise
+
+    async def _stop(self) -> None:
+        try:
+            await self._consumer.stop()
+        finally:
+            await self._dlq.stop()
+
+    async def wait_ready(self, timeout_s: float = 60.0) -> dict[str, int]:
+        """Wait until partitions are assigned and positioned; returns the positions."""
+        if self.settings.shadow.start == "latest":
+            await self._consumer.pin_start_positions(timeout_s)
+        return await self._consumer.wait_for_assignment(timeout_s)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Consume until ``stop`` is set, then let the tasks in hand finish.
+
+        A task that fails on something other than its handler (Valkey or Kafka gone) ends the
+        loop with that error; its record stays uncommitted and is delivered again on restart.
+        """
+        limit = self.settings.shadow.max_concurrent_tasks
+        if self.settings.shadow.start == "latest":
+            await self._consumer.pin_start_positions()
+        running: set[asyncio.Task[None]] = set()
+        heartbeat = asyncio.create_task(self._heartbeat(stop), name="shadow-heartbeat")
+        try:
+            while not stop.is_set() and not heartbeat.done():
+                if len(running) >= limit:
+                    done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                    _raise_failures(done)
+                    continue
+                batch = await self._consumer.poll_batch(limit - len(running), POLL_TIMEOUT_MS)
+                self._serve_priority_first(batch)
+                for message in batch:
+                    # Order is judged in consumption order, before tasks run concurrently.
+                    violation = self._order.observe(
+                        str(message.key or b"", "utf-8", "replace"),
+                        header_value(message.headers, "x-redis-id") or "",
+                    )
+                    after = str(violation.right) if violation is not None else None
+                    running.add(asyncio.create_task(self._process(message, after, stop)))
+                self.stats.in_flight = len(running)
+                finished = {task for task in running if task.done()}
+                running -= finished
+                _raise_failures(finished)
+            if heartbeat.done():
+                heartbeat.result()
+        finally:
+            # Stop taking work; what is in hand finishes (the caller bounds the wait).
+            if running:
+                done, _ = await asyncio.wait(running)
+                self.stats.in_flight = 0
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
+
+    def _serve_priority_first(self, batch: list[QueueMessage]) -> None:
+        if not self._priority_topics:
+            return
+        if any(message.topic in self._priority_topics for message in batch):
+            self._consumer.pause_all_but(self._priority_topics)
+        else:
+            self._consumer.resume_all()
+
+    async def _heartbeat(self, stop: asyncio.Event) -> None:
+        """Keep this instance's liveness key, which tells a crash redelivery from a duplicate."""
+        key = f"{ALIVE_PREFIX}{self._instance}"
+        while not stop.is_set():
+            with translate_valkey_errors("refresh the liveness key", self._where):
+                await self._client.set(key, b"1", px=ALIVE_TTL_MS)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=ALIVE_TTL_MS / 3000)
+        with (
+            contextlib.suppress(SidecarError),
+            translate_valkey_errors("drop the liveness key", self._where),
+        ):
+            await self._client.delete(key)
+
+    async def _process(
+        self, message: QueueMessage, out_of_order_after: str | None, stop: asyncio.Event
+    ) -> None:
+        """Process one record; ``out_of_order_after`` names a later entry of the same key
+        that was consumed before this one (a per-key order violation, unless a duplicate)."""
+        started_ms = int(time.time() * 1000)
+        stream = header_value(message.headers, "x-redis-stream")
+        entry_id = header_value(message.headers, "x-redis-id")
+        if stream is None or entry_id is None:
+            # Not put there by the mirror: it has no Redis counterpart, so it is judged
+            # missing_primary once the compare timeout passes.
+            stream, entry_id = f"kafka:{message.topic}", f"{message.partition}-{message.offset}"
+        ref = EntryRef(stream, entry_id)
+        value = message.value or b""
+        try:
+            task = decode_task(message.value)
+        except MessageDecodeError as exc:
+            await self._dead_letter(message, exc.reason, exc.detail, attempts=0)
+            facts = self._facts(message, None, started_ms, stream, entry_id)
+            facts["decode_error"] = exc.reason
+            await self._judge.record("candidate", [Arrival(ref, _json(facts), value)])
+            await message.ack()
+            return
+        if not await self._first_delivery(ref):
+            self.stats.duplicates += 1
+            facts = self._facts(message, task, started_ms, stream, entry_id)
+            await self._judge.record("candidate", [Arrival(ref, _json(facts), value)])
+            await message.ack()
+            return
+        with translate_valkey_errors("look up the cancel key", self._where):
+            cancelled = bool(await self._client.exists(f"{task.get('id')}-cancel"))
+        result, attempts = await self._run_with_retries(message, task, ref, cancelled, stop)
+        facts = self._facts(message, task, started_ms, stream, entry_id)
+        facts.update(
+            outcome=result.outcome,
+            error=result.error,
+            digest=digest_or_none(result.outcome) if result.ok else None,
+            processing_ms=round(result.elapsed_ms, 3),
+            attempts=attempts,
+        )
+        if out_of_order_after is not None:
+            facts["order_violation"] = {"after": out_of_order_after}
+        if not result.ok:
+            await self._dead_letter(message, "handler_failed", result.error or "", attempts)
+        await self._judge.record("candidate", [Arrival(ref, _json(facts), value)])
+        self.stats.processed[message.topic] += 1
+        await message.ack()
+
+    async def _first_delivery(self, ref: EntryRef) -> bool:
+        """Take the entry's processing key; False when another delivery has it (a duplicate)."""
+        key = f"{SEEN_PREFIX}{ref.stream}:{ref.entry_id}"
+        ttl_s = self.settings.shadow.dedup_ttl_s
+        me = self._instance.encode()
+        with translate_valkey_errors("take the dedup key", self._where):
+            if await self._client.set(key, me, nx=True, ex=ttl_s):
+                return True
+            holder = await self._client.get(key)
+            if holder == me:
+                return True  # our own earlier delivery of it, before a rebalance or a retry
+            if await self._client.hexists(ref.key, "candidate"):  # type: ignore[misc]
+                return False
+            if holder and await self._client.exists(f"{ALIVE_PREFIX}{holder.decode()}"):
+                return False  # another live instance is processing it right now
+            # Its holder died before recording an outcome: this delivery takes it over.
+            await self._client.set(key, me, ex=ttl_s)
+            return True
+
+    async def _run_with_retries(
+        self,
+        message: QueueMessage,
+        task: dict[str, Any],
+        ref: EntryRef,
+        cancelled: bool,
+        stop: asyncio.Event,
+    ) -> tuple[HandlerResult, int]:
+        shadow = self.settings.shadow
+        retry_count = int(header_value(message.headers, "x-retry-count") or 0)
+        attempt = 0
+        while True:
+            attempt += 1
+            meta = TaskMeta(
+                path="kafka",
+                stream=ref.stream,
+                entry_id=ref.entry_id,
+                topic=message.topic,
+                partition=message.partition,
+                offset=message.offset,
+                attempt=retry_count + attempt,
+                cancelled=cancelled,
+            )
+            result = await run_handler(self._handler, task, meta)
+            if result.ok or attempt >= shadow.max_attempts or stop.is_set():
+                return result, attempt
+            self.stats.retries += 1
+            delay_s = shadow.retry_backoff_ms * 2 ** (attempt - 1) / 1000
+            logger.info(
+                "handler failed on %s (attempt %d of %d), retrying in %.1f s: %s",
+                ref.entry_id,
+                attempt,
+                shadow.max_attempts,
+                delay_s,
+                result.error,
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=delay_s)
+
+    async def _dead_letter(
+        self, message: QueueMessage, reason: str, detail: str, attempts: int
+    ) -> None:
+        kept = tuple(
+            (name, value)
+            for name, value in message.headers
+            if name not in ("x-retry-count", "x-redis-stream", "x-redis-id")
+        )
+        record = dead_letter(
+            reason=reason,
+            detail=detail,
+            value=message.value,
+            stream=header_value(message.headers, "x-redis-stream") or "",
+            entry_id=header_value(message.headers, "x-redis-id") or "",
+            stage="shadow",
+            max_value_bytes=MAX_DLQ_BYTES,
+            extra_headers=(
+                *kept,
+                ("x-retry-count", str(attempts).encode()),
+                ("x-source-topic", message.topic.encode()),
+                ("x-source-offset", f"{message.partition}:{message.offset}".encode()),
+            ),
+        )
+        await self._dlq.send(
+            record.destination, record.value, key=record.key, headers=record.headers
+        )
+        self.stats.dead_lettered[reason] += 1
+
+    def _facts(
+        self,
+        message: QueueMessage,
+        task: dict[str, Any] | None,
+        started_ms: int,
+        stream: str,
+        entry_id: str,
+    ) -> dict[str, Any]:
+        enqueued = header_value(message.headers, "x-timestamp")
+        queue_wait_ms = started_ms - int(enqueued) if enqueued and enqueued.isdigit() else None
+        return {
+            "task_id": header_value(message.headers, "x-task-id")
+            or (str(task.get("id")) if task else None),
+            "task_type": header_value(message.headers, "x-task-type"),
+            "priority": _int_or_none(header_value(message.headers, "x-priority")),
+            "stream": stream,
+            "entry_id": entry_id,
+            "topic": message.topic,
+            "partition": message.partition,
+            "offset": message.offset,
+            "value_sha": value_sha(message.value or b""),
+            "queue_wait_ms": queue_wait_ms,
+        }
+
+
+def _json(facts: dict[str, Any]) -> bytes:
+    return json.dumps(facts, default=repr).encode()
+
+
+def _int_or_none(text: str | None) -> int | None:
+    return int(text) if text is not None and text.lstrip("-").isdigit() else None
+
+
+def _raise_failures(done: set[asyncio.Task[None]]) -> None:
+    for task in done:
+        if not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]

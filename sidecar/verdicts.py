@@ -1,0 +1,119 @@
+"""Verdicts: what the sidecar concluded about one task, as published to ``ragflow.shadow.verdicts``.
+
+A verdict is a JSON object, keyed in Kafka by the task id. Each mirrored entry gets at most one
+final verdict (``match``, ``mismatch``, ``missing_in_kafka``, ``missing_primary``, ``error``) and
+at most one ``duplicate`` verdict when Kafka carried it more than once; ``verdict_id`` names
+the pair, so readers can count or drop anything seen twice.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+Verdict = Literal["match", "mismatch", "missing_in_kafka", "missing_primary", "duplicate", "error"]
+VERDICTS: Final[tuple[Verdict, ...]] = (
+    "match",
+    "mismatch",
+    "missing_in_kafka",
+    "missing_primary",
+    "duplicate",
+    "error",
+)
+SCHEMA_VERSION: Final = 1
+# A mismatch diff is capped so one pathological task cannot make a huge record.
+MAX_DIFFERENCES: Final = 50
+MAX_VALUE_CHARS: Final = 300
+# Valkey hash of verdict kind -> count, kept by whoever publishes verdicts (read by `status`).
+VERDICT_COUNTS_KEY: Final = "ragflow_sidecar:verdicts:counts"
+
+
+@dataclass
+class VerdictRecord:
+    """One verdict; ``to_json()`` is what goes to Kafka."""
+
+    verdict: Verdict
+    stream: str
+    entry_id: str
+    task_id: str
+    task_type: str
+    decided_at_ms: int
+    sidecar: str
+    topic: str | None = None
+    partition: int | None = None
+    offset: int | None = None
+    control_digest: str | None = None
+    candidate_digest: str | None = None
+    differences: list[dict[str, Any]] = field(default_factory=list)
+    differences_total: int = 0
+    comparators: dict[str, int] = field(default_factory=dict)
+    noise: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    timings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    deliveries: int = 1
+
+    @property
+    def verdict_id(self) -> str:
+        """Unique per entry and kind of verdict: a final verdict and a duplicate verdict."""
+        kind = "duplicate" if self.verdict == "duplicate" else "final"
+        return f"{self.stream}/{self.entry_id}/{kind}"
+
+    def to_dict(self) -> dict[str, Any]:
+        body = {
+            "schema": SCHEMA_VERSION,
+            "verdict_id": self.verdict_id,
+            "verdict": self.verdict,
+            "stream": self.stream,
+            "entry_id": self.entry_id,
+            "task_id": self.task_id,
+            "task_type": self.task_type,
+            "decided_at_ms": self.decided_at_ms,
+            "sidecar": self.sidecar,
+            "topic": self.topic,
+            "partition": self.partition,
+            "offset": self.offset,
+            "control_digest": self.control_digest,
+            "candidate_digest": self.candidate_digest,
+            "differences": self.differences[:MAX_DIFFERENCES],
+            "differences_total": self.differences_total,
+            "comparators": self.comparators,
+            "noise": self.noise,
+            "error": self.error,
+            "timings": self.timings,
+            "deliveries": self.deliveries,
+        }
+        return body
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.to_dict(), separators=(",", ":"), default=repr).encode()
+
+
+def capped(value: Any) -> Any:
+    """A diff side as stored in a verdict: JSON scalars as they are, the rest as capped text."""
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    text = value if isinstance(value, str) else json.dumps(value, default=repr)
+    return text if len(text) <= MAX_VALUE_CHARS else text[:MAX_VALUE_CHARS] + "…"
+
+
+def parse_verdict(value: bytes) -> dict[str, Any]:
+    """A verdict record read back from Kafka; raises ``ValueError`` when it is not one."""
+    body = json.loads(value)
+    if not isinstance(body, dict) or body.get("verdict") not in VERDICTS:
+        raise ValueError("not a verdict record")
+    return body
+
+
+def verdict_counts(records: list[Mapping[str, Any]]) -> dict[str, int]:
+    """Verdicts by kind, counting each ``verdict_id`` once."""
+    seen: set[str] = set()
+    counts: dict[str, int] = dict.fromkeys(VERDICTS, 0)
+    for record in records:
+        verdict_id = str(record.get("verdict_id"))
+        if verdict_id in seen:
+            continue
+        seen.add(verdict_id)
+        counts[str(record["verdict"])] = counts.get(str(record["verdict"]), 0) + 1
+    return counts

@@ -1,0 +1,27 @@
+"""Handlers the shadow tests load by ``SHADOW_HANDLER=tests.shadow_handlers:...``."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from sidecar.handlers import TaskMeta, ragflow_dry_run
+
+EXPLODE_MARKER = "explode"
+
+
+def noisy(task: dict[str, Any], meta: TaskMeta) -> dict[str, Any]:
+    """The ragflow outcome plus a timestamp and a random id: noise between any two runs."""
+    return {
+        **ragflow_dry_run(task, meta),
+        "finished_at": time.time_ns(),
+        "run_id": uuid.uuid4().hex,
+    }
+
+
+def explode_on_marker(task: dict[str, Any], meta: TaskMeta) -> dict[str, Any]:
+    """Raises for tasks whose digest is the marker, on both paths: an ``error`` verdict."""
+    if task.get("digest") == EXPLODE_MARKER:
+        raise RuntimeError(f"cannot handle task {task.get('id')}")
+    return ragflow_dry_run(task, meta)
