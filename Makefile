@@ -34,7 +34,7 @@ pytest: $(STAMP)
 test: lint typecheck pytest
 
 demo: $(STAMP)
-	$(BIN)/ragflow-sidecar demo
+	$(BIN)/ragflow-sidecar demo $(DEMO_ARGS)
 
 clean:
 	-$(BIN)/ragflow-sidecar local-stack down

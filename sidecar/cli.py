@@ -5,20 +5,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import shutil
 import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 from sidecar import __version__
 from sidecar.demo import run_demo
+from sidecar.diffs import now_ms, parse_since, read_verdicts, render_diffs
 from sidecar.errors import SidecarError
 from sidecar.local_stack import LocalStack, StackConfig
 from sidecar.mirror import Mirror
 from sidecar.mq.kafka import KafkaProducer
 from sidecar.mq.redis_streams import ping
 from sidecar.roundtrip import round_trip
+from sidecar.service import Sidecar
 from sidecar.settings import Settings
+from sidecar.status import collect_status, render_status
 from sidecar.topics import init_topics
 
 logger = logging.getLogger("sidecar.cli")
@@ -45,14 +50,31 @@ def _parser() -> argparse.ArgumentParser:
     topics = commands.add_parser("init-topics", help="create the seed design's Kafka topics")
     topics.add_argument("--replication-factor", type=int, help="default KAFKA_REPLICATION_FACTOR")
 
-    commands.add_parser("mirror", help="tail RAGFlow's streams and dual-write them to Kafka")
+    mirror = commands.add_parser(
+        "mirror", help="tail RAGFlow's streams and dual-write them to Kafka"
+    )
+    mirror.add_argument(
+        "--compare", action="store_true", help="also record the control side for the shadow"
+    )
+    commands.add_parser("run", help="mirror, shadow, observer and verdicts in one process")
+    commands.add_parser("shadow", help="shadow-consume Kafka, observe RAGFlow, publish verdicts")
+    diffs = commands.add_parser("diffs", help="print verdicts, mismatches as side-by-side diffs")
+    diffs.add_argument("--since", help="10m, 2h, 1d, an ISO time or epoch ms")
+    diffs.add_argument("--verdict", action="append", help="only this verdict (repeatable)")
+    diffs.add_argument("--task-type", action="append", help="only this task type (repeatable)")
+    diffs.add_argument("--color", choices=("auto", "always", "never"), default="auto")
+    commands.add_parser("status", help="lag, traffic share, verdict and DLQ counts, as a table")
     commands.add_parser("check", help="connect to Valkey and Kafka and print their versions")
     commands.add_parser("roundtrip", help="send a task through each backend and read it back")
 
     demo = commands.add_parser(
-        "demo", help="local stack up, topics, mirror RAGFlow-shaped tasks, stack down"
+        "demo", help="local stack up, topics, the whole sidecar over a RAGFlow-like load, down"
     )
     _stack_options(demo)
+    demo.add_argument("--tasks", type=int, default=2000, help="RAGFlow tasks to enqueue")
+    demo.add_argument(
+        "--inject-faults", action="store_true", help="change, drop or double some Kafka copies"
+    )
     return parser
 
 
@@ -100,26 +122,59 @@ def _local_stack(args: argparse.Namespace) -> int:
     return 0 if healthy else 1
 
 
-async def _mirror(settings: Settings) -> int:
-    """Run the mirror until SIGTERM/SIGINT; then finish the batch in hand within the grace."""
+class _Runnable(Protocol):
+    async def run(self, stop: asyncio.Event) -> None: ...
+
+
+async def _run_until_signal(component: _Runnable, grace_s: float, name: str) -> int:
+    """Run until SIGTERM/SIGINT; then let the work in hand finish within the grace period."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    grace_s = settings.mirror.shutdown_grace_s
+    running = asyncio.create_task(component.run(stop), name=name)
+    stopping = asyncio.create_task(stop.wait(), name=f"{name}-stop-signal")
+    await asyncio.wait({running, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if not running.done():
+        logger.info("stop requested; finishing the work in hand (grace %.0f s)", grace_s)
+        try:
+            await asyncio.wait_for(running, timeout=grace_s)
+        except TimeoutError:
+            logger.warning("grace period over; unfinished work will be replayed on restart")
+    else:
+        running.result()  # a crashed loop raises here
+    return 0
+
+
+async def _mirror(settings: Settings) -> int:
+    """Run the mirror until SIGTERM/SIGINT; then finish the batch in hand within the grace."""
     async with Mirror(settings) as mirror:
-        running = asyncio.create_task(mirror.run(stop), name="mirror")
-        stopping = asyncio.create_task(stop.wait(), name="mirror-stop-signal")
-        await asyncio.wait({running, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        stopping.cancel()
-        if not running.done():
-            logger.info("stop requested; finishing the current batch (grace %.0f s)", grace_s)
-            try:
-                await asyncio.wait_for(running, timeout=grace_s)
-            except TimeoutError:
-                logger.warning("grace period over; unacked entries will be replayed on restart")
-        else:
-            running.result()  # a crashed loop raises here
+        return await _run_until_signal(mirror, settings.mirror.shutdown_grace_s, "mirror")
+
+
+async def _sidecar(
+    settings: Settings, *, mirror: bool = True, shadow: bool = True, observer: bool = True
+) -> int:
+    async with Sidecar(settings, mirror=mirror, shadow=shadow, observer=observer) as sidecar:
+        return await _run_until_signal(sidecar, settings.mirror.shutdown_grace_s, "sidecar")
+
+
+async def _diffs(settings: Settings, args: argparse.Namespace) -> int:
+    since = parse_since(args.since, now_ms()) if args.since else None
+    records = await read_verdicts(
+        settings.kafka,
+        since_ms=since,
+        verdicts=set(args.verdict) if args.verdict else None,
+        task_types=set(args.task_type) if args.task_type else None,
+    )
+    color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
+    print(render_diffs(records, color=color, width=shutil.get_terminal_size().columns))
+    return 0
+
+
+async def _status(settings: Settings) -> int:
+    print(render_status(await collect_status(settings)))
     return 0
 
 
@@ -159,7 +214,7 @@ def _demo(args: argparse.Namespace) -> int:
     print(stack.exports(), end="")
     try:
         print(f"valkey {stack.valkey.version()}, kafka {stack.kafka.running_version()}")
-        return asyncio.run(run_demo(stack))
+        return asyncio.run(run_demo(stack, args.tasks, inject_faults=args.inject_faults))
     finally:
         if not already_running:
             print(f"stopped {', '.join(stack.down())}")
@@ -183,7 +238,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _demo(args)
         settings = Settings.from_env(config_file=args.config)
         if args.command == "mirror":
+            if args.compare:
+                return asyncio.run(_sidecar(settings, shadow=False, observer=False))
             return asyncio.run(_mirror(settings))
+        if args.command == "run":
+            return asyncio.run(_sidecar(settings))
+        if args.command == "shadow":
+            return asyncio.run(_sidecar(settings, mirror=False))
+        if args.command == "diffs":
+            return asyncio.run(_diffs(settings, args))
+        if args.command == "status":
+            return asyncio.run(_status(settings))
         if args.command == "check":
             return asyncio.run(_check(settings))
         if args.command == "roundtrip":

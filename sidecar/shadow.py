@@ -39,6 +39,9 @@ logger = logging.getLogger(__name__)
 MAX_DLQ_BYTES = 1_048_576
 ALIVE_TTL_MS = 15_000
 POLL_TIMEOUT_MS = 200
+# Offsets are committed at most this often per partition: a commit per record would cap the
+# shadow at the broker's commit rate; a crash redelivers finished work, which dedup absorbs.
+COMMIT_INTERVAL_MS = 500
 
 
 @dataclass
@@ -74,6 +77,7 @@ class ShadowConsumer(Lifecycle):
             settings.kafka,
             topics,
             settings.shadow.group,
+            commit_interval_ms=COMMIT_INTERVAL_MS,
             auto_offset_reset=settings.shadow.start,
             **(consumer_overrides or {}),
         )

@@ -197,12 +197,18 @@ class KafkaConsumer(MessageQueueConsumer):
         settings: KafkaSettings,
         topics: Sequence[str],
         group_id: str | None = None,
+        *,
+        commit_interval_ms: int = 0,
         **overrides: Any,
     ) -> None:
         if not topics:
             raise ValueError("at least one topic is needed")
         super().__init__()
         self._settings = settings
+        # 0 commits on every ack; more batches commits (a crash then redelivers up to that
+        # much finished work, which a consumer that deduplicates can afford).
+        self._commit_interval_s = commit_interval_ms / 1000
+        self._last_commit: dict[TopicPartition, float] = {}
         self.topics = tuple(topics)
         self.group_id = group_id or settings.consumer_group
         self._overrides = overrides
@@ -237,6 +243,12 @@ class KafkaConsumer(MessageQueueConsumer):
         self._consumer = consumer
 
     async def _stop(self) -> None:
+        if self._consumer is not None and self._commit_interval_s:
+            for tp in list(self._offsets):
+                try:
+                    await self._commit(tp)
+                except SidecarError as exc:
+                    logger.warning("could not commit %s on stop: %s", tp, exc)
         consumer, self._consumer = self._consumer, None
         self._offsets.clear()
         self._committed.clear()
@@ -286,6 +298,11 @@ class KafkaConsumer(MessageQueueConsumer):
             logger.debug("ack of %s after its partition was revoked", message.id)
             return
         offsets.finished(message.offset)
+        if self._commit_interval_s:
+            now = asyncio.get_running_loop().time()
+            if now - self._last_commit.get(tp, 0.0) < self._commit_interval_s:
+                return
+            self._last_commit[tp] = now
         await self._commit(tp)
 
     async def nack(self, message: QueueMessage, delay_ms: int = 0) -> None:
