@@ -21,17 +21,8 @@ from sidecar.handlers import HandlerResult, NamedHandler, TaskMeta, run_handler
 from sidecar.join import Arrival, EntryRef
 from sidecar.judge import Judge, digest_or_none
 from sidecar.mq.base import OutgoingMessage
-from sidecar.mq.message import QueueMessage, decode_task
+from sidecar.mq.message import QueueMessage, decode_task, header_text
 from sidecar.mq.redis_streams import translate_valkey_errors
-
-
-def header_value(headers: Sequence[tuple[str, bytes]], name: str) -> str | None:
-    """The last header of that name as text, or ``None``."""
-    found = None
-    for key, value in headers:
-        if key == name:
-            found = value
-    return found.decode("utf-8", "replace") if found is not None else None
 
 
 async def cancelled_tasks(client: valkey.Valkey, task_ids: Sequence[str]) -> list[bool]:
@@ -100,9 +91,9 @@ class ControlRecorder:
         noise = NoiseBaseline.from_runs([run.outcome for run in runs if run.ok])
         assert message.value is not None
         return {
-            "task_id": header_value(record.headers, "x-task-id"),
-            "task_type": header_value(record.headers, "x-task-type"),
-            "priority": int(header_value(record.headers, "x-priority") or 0),
+            "task_id": header_text(record.headers, "x-task-id"),
+            "task_type": header_text(record.headers, "x-task-type"),
+            "priority": int(header_text(record.headers, "x-priority") or 0),
             "stream": message.topic,
             "topic": record.destination,
             "key": record.key if isinstance(record.key, str) else None,

@@ -26,6 +26,7 @@ import valkey.asyncio as valkey
 from sidecar.diffs import read_verdicts, render_diffs
 from sidecar.faults import FaultInjector
 from sidecar.local_stack import LocalStack
+from sidecar.observer import RAGFLOW_GROUP
 from sidecar.roundtrip import round_trip
 from sidecar.samples import ragflow_tasks
 from sidecar.service import Sidecar
@@ -33,7 +34,6 @@ from sidecar.settings import Settings
 from sidecar.topics import init_topics
 
 STREAMS = ("te.1.common", "te.0.common")
-RAGFLOW_GROUP = "rag_flow_svr_task_broker"
 BROKEN_ENTRIES: tuple[dict[bytes, bytes], ...] = (
     {b"message": b"{not json"},
     {b"message": b'{"doc_id": "no id"}'},

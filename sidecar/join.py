@@ -14,7 +14,7 @@ the sweeper takes it over, so a crash loses no verdict.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -218,13 +218,6 @@ class JoinStore:
             if won:
                 claimed.append(ref)
         return claimed
-
-    async def open_count(self) -> int:
-        return int(await self._client.zcard(OPEN_KEY))
-
-    async def counts(self) -> dict[str, int]:
-        raw: Mapping[Any, Any] = await self._client.hgetall(VERDICT_COUNTS_KEY)  # type: ignore[misc]
-        return {_text(k): int(v) for k, v in raw.items()}
 
 
 def _text(value: Any) -> Any:

@@ -195,14 +195,15 @@ class Judge(Lifecycle):
         outcomes = await self._producer.send_many(messages)
         failed = [outcome for outcome in outcomes if isinstance(outcome, SidecarError)]
         published = [
-            (ref, token, record.verdict, kind)
+            (ref, record, kind)
             for (ref, record, kind), outcome in zip(items, outcomes, strict=True)
             if not isinstance(outcome, SidecarError)
         ]
         with translate_valkey_errors("mark verdicts published", self._where):
-            await self.join.finish(published)
-        for _, record, _ in items:
-            self.stats.verdicts[record.verdict] += 1
+            await self.join.finish(
+                [(ref, token, record.verdict, kind) for ref, record, kind in published]
+            )
+        self.stats.verdicts.update(record.verdict for _, record, _ in published)
         if failed:
             # Left claimed: the sweeper takes them over once the claim is stale.
             raise failed[0]
@@ -299,8 +300,7 @@ class Judge(Lifecycle):
         )
         record.comparators = {name: len(items) for name, items in found.items()}
         record.comparators["delivery"] = len(delivery)
-        if delivery:
-            record.noise = {**record.noise, "delivery": [d.to_dict() for d in delivery]}
+        record.findings = [d.to_dict() for d in delivery]
         return [d for items in found.values() for d in items]
 
 

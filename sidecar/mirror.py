@@ -27,7 +27,7 @@ from sidecar.errors import (
 from sidecar.lag import stream_lag
 from sidecar.mq.base import Lifecycle, OutgoingMessage, SendResult
 from sidecar.mq.kafka import KafkaProducer
-from sidecar.mq.message import QueueMessage, decode_task
+from sidecar.mq.message import QueueMessage, decode_task, header_text
 from sidecar.mq.redis_streams import RedisStreamConsumer, translate_valkey_errors
 from sidecar.routing import RouteTable
 from sidecar.settings import Settings
@@ -284,7 +284,8 @@ class Mirror(Lifecycle):
                 if isinstance(outcome, SendResult):
                     done.append(message)
                     if record.destination == DLQ_TOPIC:
-                        self.stats.dead_lettered[_header(record, "x-error")] += 1
+                        reason = header_text(record.headers, "x-error") or "unknown"
+                        self.stats.dead_lettered[reason] += 1
                     else:
                         mirrored.append(record.destination)
                         latency.append(acked_ms - message.timestamp_ms)
@@ -344,13 +345,6 @@ def _stream_headers(stream: str, priority: int) -> tuple[tuple[str, bytes], ...]
         ("x-schema-version", SCHEMA_VERSION),
         ("x-redis-stream", stream.encode()),
     )
-
-
-def _header(record: OutgoingMessage, name: str) -> str:
-    for key, value in record.headers:
-        if key == name:
-            return value.decode("utf-8", "replace")
-    return "unknown"
 
 
 async def _wait(stop: asyncio.Event | None, seconds: float) -> bool:

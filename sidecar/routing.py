@@ -86,7 +86,7 @@ class RouteTable:
         task_type = raw_type if raw_type and isinstance(raw_type, str) else PARSE
         doc_id = task.get("doc_id")
         dataset_wide = doc_id == FAKE_DOC_ID
-        topic = self._exact.get(task_type) or self._topic_for(task_type)
+        topic = self._topic_for(task_type)
         known = topic is not None
         if topic is None:
             # Unknown types are carried, not dropped, on the parse topic; the caller counts them.

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from comparators import OrderTracker
-from sidecar.control import header_value, value_sha
+from sidecar.control import value_sha
 from sidecar.dead_letter import dead_letter
 from sidecar.errors import MessageDecodeError, SidecarError
 from sidecar.handlers import HandlerResult, NamedHandler, TaskMeta, load_handler, run_handler
@@ -29,7 +29,7 @@ from sidecar.join import ALIVE_PREFIX, SEEN_PREFIX, Arrival, EntryRef
 from sidecar.judge import Judge, digest_or_none
 from sidecar.mq.base import Lifecycle
 from sidecar.mq.kafka import KafkaConsumer, KafkaProducer
-from sidecar.mq.message import QueueMessage, decode_task
+from sidecar.mq.message import QueueMessage, decode_task, header_text
 from sidecar.mq.redis_streams import translate_valkey_errors
 from sidecar.settings import Settings
 from sidecar.topics import PARSE_PRIORITY_TOPIC, TASK_TOPICS
@@ -39,8 +39,8 @@ logger = logging.getLogger(__name__)
 MAX_DLQ_BYTES = 1_048_576
 ALIVE_TTL_MS = 15_000
 POLL_TIMEOUT_MS = 200
-# Offsets are committed at most this often per partition: a commit per record would cap the
-# shadow at the broker's commit rate; a crash redelivers finished work, which dedup absorbs.
+# Offsets are committed this often: a commit per record would cap the shadow at the broker's
+# commit rate; a crash redelivers finished work, which dedup absorbs.
 COMMIT_INTERVAL_MS = 500
 
 
@@ -86,8 +86,10 @@ class ShadowConsumer(Lifecycle):
         self._where = settings.redis.display_url
         self._order = OrderTracker()
         self._priority_topics = [t for t in topics if t == PARSE_PRIORITY_TOPIC]
+        self._pinned = False  # SHADOW_START=latest positions committed once per start
 
     async def _start(self) -> None:
+        self._pinned = False
         await self._dlq.start()
         try:
             await self._consumer.start()
@@ -103,8 +105,9 @@ class ShadowConsumer(Lifecycle):
 
     async def wait_ready(self, timeout_s: float = 60.0) -> dict[str, int]:
         """Wait until partitions are assigned and positioned; returns the positions."""
-        if self.settings.shadow.start == "latest":
+        if self.settings.shadow.start == "latest" and not self._pinned:
             await self._consumer.pin_start_positions(timeout_s)
+            self._pinned = True
         return await self._consumer.wait_for_assignment(timeout_s)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -114,8 +117,9 @@ class ShadowConsumer(Lifecycle):
         loop with that error; its record stays uncommitted and is delivered again on restart.
         """
         limit = self.settings.shadow.max_concurrent_tasks
-        if self.settings.shadow.start == "latest":
+        if self.settings.shadow.start == "latest" and not self._pinned:
             await self._consumer.pin_start_positions()
+            self._pinned = True
         running: set[asyncio.Task[None]] = set()
         heartbeat = asyncio.create_task(self._heartbeat(stop), name="shadow-heartbeat")
         try:
@@ -124,13 +128,14 @@ class ShadowConsumer(Lifecycle):
                     done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                     _raise_failures(done)
                     continue
+                await self._consumer.commit_due()
                 batch = await self._consumer.poll_batch(limit - len(running), POLL_TIMEOUT_MS)
                 self._serve_priority_first(batch)
                 for message in batch:
                     # Order is judged in consumption order, before tasks run concurrently.
                     violation = self._order.observe(
                         str(message.key or b"", "utf-8", "replace"),
-                        header_value(message.headers, "x-redis-id") or "",
+                        header_text(message.headers, "x-redis-id") or "",
                     )
                     after = str(violation.right) if violation is not None else None
                     running.add(asyncio.create_task(self._process(message, after, stop)))
@@ -177,33 +182,29 @@ class ShadowConsumer(Lifecycle):
         """Process one record; ``out_of_order_after`` names a later entry of the same key
         that was consumed before this one (a per-key order violation, unless a duplicate)."""
         started_ms = int(time.time() * 1000)
-        stream = header_value(message.headers, "x-redis-stream")
-        entry_id = header_value(message.headers, "x-redis-id")
+        stream = header_text(message.headers, "x-redis-stream")
+        entry_id = header_text(message.headers, "x-redis-id")
         if stream is None or entry_id is None:
             # Not put there by the mirror: it has no Redis counterpart, so it is judged
             # missing_primary once the compare timeout passes.
             stream, entry_id = f"kafka:{message.topic}", f"{message.partition}-{message.offset}"
         ref = EntryRef(stream, entry_id)
-        value = message.value or b""
         try:
             task = decode_task(message.value)
         except MessageDecodeError as exc:
             await self._dead_letter(message, exc.reason, exc.detail, attempts=0)
-            facts = self._facts(message, None, started_ms, stream, entry_id)
+            facts = self._facts(message, None, started_ms, ref)
             facts["decode_error"] = exc.reason
-            await self._judge.record("candidate", [Arrival(ref, _json(facts), value)])
-            await message.ack()
+            await self._submit(message, ref, facts)
             return
         if not await self._first_delivery(ref):
             self.stats.duplicates += 1
-            facts = self._facts(message, task, started_ms, stream, entry_id)
-            await self._judge.record("candidate", [Arrival(ref, _json(facts), value)])
-            await message.ack()
+            await self._submit(message, ref, self._facts(message, task, started_ms, ref))
             return
         with translate_valkey_errors("look up the cancel key", self._where):
             cancelled = bool(await self._client.exists(f"{task.get('id')}-cancel"))
         result, attempts = await self._run_with_retries(message, task, ref, cancelled, stop)
-        facts = self._facts(message, task, started_ms, stream, entry_id)
+        facts = self._facts(message, task, started_ms, ref)
         facts.update(
             outcome=result.outcome,
             error=result.error,
@@ -215,8 +216,13 @@ class ShadowConsumer(Lifecycle):
             facts["order_violation"] = {"after": out_of_order_after}
         if not result.ok:
             await self._dead_letter(message, "handler_failed", result.error or "", attempts)
-        await self._judge.record("candidate", [Arrival(ref, _json(facts), value)])
+        await self._submit(message, ref, facts)
         self.stats.processed[message.topic] += 1
+
+    async def _submit(self, message: QueueMessage, ref: EntryRef, facts: dict[str, Any]) -> None:
+        """Hand the candidate side to the judge, then let the record's offset be committed."""
+        arrival = Arrival(ref, json.dumps(facts, default=repr).encode(), message.value or b"")
+        await self._judge.record("candidate", [arrival])
         await message.ack()
 
     async def _first_delivery(self, ref: EntryRef) -> bool:
@@ -247,7 +253,7 @@ class ShadowConsumer(Lifecycle):
         stop: asyncio.Event,
     ) -> tuple[HandlerResult, int]:
         shadow = self.settings.shadow
-        retry_count = int(header_value(message.headers, "x-retry-count") or 0)
+        retry_count = int(header_text(message.headers, "x-retry-count") or 0)
         attempt = 0
         while True:
             attempt += 1
@@ -289,8 +295,8 @@ class ShadowConsumer(Lifecycle):
             reason=reason,
             detail=detail,
             value=message.value,
-            stream=header_value(message.headers, "x-redis-stream") or "",
-            entry_id=header_value(message.headers, "x-redis-id") or "",
+            stream=header_text(message.headers, "x-redis-stream") or "",
+            entry_id=header_text(message.headers, "x-redis-id") or "",
             stage="shadow",
             max_value_bytes=MAX_DLQ_BYTES,
             extra_headers=(
@@ -310,28 +316,23 @@ class ShadowConsumer(Lifecycle):
         message: QueueMessage,
         task: dict[str, Any] | None,
         started_ms: int,
-        stream: str,
-        entry_id: str,
+        ref: EntryRef,
     ) -> dict[str, Any]:
-        enqueued = header_value(message.headers, "x-timestamp")
+        enqueued = header_text(message.headers, "x-timestamp")
         queue_wait_ms = started_ms - int(enqueued) if enqueued and enqueued.isdigit() else None
         return {
-            "task_id": header_value(message.headers, "x-task-id")
+            "task_id": header_text(message.headers, "x-task-id")
             or (str(task.get("id")) if task else None),
-            "task_type": header_value(message.headers, "x-task-type"),
-            "priority": _int_or_none(header_value(message.headers, "x-priority")),
-            "stream": stream,
-            "entry_id": entry_id,
+            "task_type": header_text(message.headers, "x-task-type"),
+            "priority": _int_or_none(header_text(message.headers, "x-priority")),
+            "stream": ref.stream,
+            "entry_id": ref.entry_id,
             "topic": message.topic,
             "partition": message.partition,
             "offset": message.offset,
             "value_sha": value_sha(message.value or b""),
             "queue_wait_ms": queue_wait_ms,
         }
-
-
-def _json(facts: dict[str, Any]) -> bytes:
-    return json.dumps(facts, default=repr).encode()
 
 
 def _int_or_none(text: str | None) -> int | None:

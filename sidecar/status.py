@@ -23,14 +23,13 @@ from aiokafka.admin import AIOKafkaAdminClient
 from sidecar.lag import stream_lag
 from sidecar.mq.kafka import translate_kafka_error, translate_kafka_errors
 from sidecar.mq.redis_streams import create_client, translate_valkey_errors
+from sidecar.observer import RAGFLOW_GROUP
 from sidecar.settings import Settings
 from sidecar.topics import DLQ_TOPIC, TASK_TOPICS
 from sidecar.verdicts import VERDICT_COUNTS_KEY, VERDICTS
 
 logger = logging.getLogger(__name__)
 
-# The group RAGFlow's task executors consume in; we only ever look at it.
-RAGFLOW_GROUP: Final = "rag_flow_svr_task_broker"
 _COORDINATOR_WAIT_S: Final = 15.0
 
 

@@ -9,7 +9,6 @@ the pair, so readers can count or drop anything seen twice.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -52,6 +51,8 @@ class VerdictRecord:
     noise: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     timings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Differences that do not make a mismatch (delivery latency beyond the tolerance).
+    findings: list[dict[str, Any]] = field(default_factory=list)
     deliveries: int = 1
 
     @property
@@ -82,6 +83,7 @@ class VerdictRecord:
             "noise": self.noise,
             "error": self.error,
             "timings": self.timings,
+            "findings": self.findings,
             "deliveries": self.deliveries,
         }
         return body
@@ -104,16 +106,3 @@ def parse_verdict(value: bytes) -> dict[str, Any]:
     if not isinstance(body, dict) or body.get("verdict") not in VERDICTS:
         raise ValueError("not a verdict record")
     return body
-
-
-def verdict_counts(records: list[Mapping[str, Any]]) -> dict[str, int]:
-    """Verdicts by kind, counting each ``verdict_id`` once."""
-    seen: set[str] = set()
-    counts: dict[str, int] = dict.fromkeys(VERDICTS, 0)
-    for record in records:
-        verdict_id = str(record.get("verdict_id"))
-        if verdict_id in seen:
-            continue
-        seen.add(verdict_id)
-        counts[str(record["verdict"])] = counts.get(str(record["verdict"]), 0) + 1
-    return counts

@@ -205,10 +205,10 @@ class KafkaConsumer(MessageQueueConsumer):
             raise ValueError("at least one topic is needed")
         super().__init__()
         self._settings = settings
-        # 0 commits on every ack; more batches commits (a crash then redelivers up to that
-        # much finished work, which a consumer that deduplicates can afford).
+        # 0 commits on every ack; more leaves commits to commit_due() (a crash then redelivers
+        # up to that much finished work, which a consumer that deduplicates can afford).
         self._commit_interval_s = commit_interval_ms / 1000
-        self._last_commit: dict[TopicPartition, float] = {}
+        self._next_commit_at = 0.0
         self.topics = tuple(topics)
         self.group_id = group_id or settings.consumer_group
         self._overrides = overrides
@@ -298,12 +298,20 @@ class KafkaConsumer(MessageQueueConsumer):
             logger.debug("ack of %s after its partition was revoked", message.id)
             return
         offsets.finished(message.offset)
-        if self._commit_interval_s:
-            now = asyncio.get_running_loop().time()
-            if now - self._last_commit.get(tp, 0.0) < self._commit_interval_s:
-                return
-            self._last_commit[tp] = now
-        await self._commit(tp)
+        if not self._commit_interval_s:
+            await self._commit(tp)
+
+    async def commit_due(self) -> None:
+        """With ``commit_interval_ms``: commit finished work once the interval has passed.
+
+        The consuming loop calls it every turn; it does nothing in between.
+        """
+        now = asyncio.get_running_loop().time()
+        if not self._commit_interval_s or now < self._next_commit_at:
+            return
+        self._next_commit_at = now + self._commit_interval_s
+        for tp in list(self._offsets):
+            await self._commit(tp)
 
     async def nack(self, message: QueueMessage, delay_ms: int = 0) -> None:
         # The offset stays unfinished, so nothing past it is committed until it is acked.
@@ -336,9 +344,14 @@ class KafkaConsumer(MessageQueueConsumer):
 
         A group that starts at ``latest`` must start there once: without this, a partition
         that saw no commit before a restart would be reset to the end again, skipping what
-        arrived meanwhile.
+        arrived meanwhile. An instance given no partition (more instances than partitions)
+        has nothing to pin.
         """
-        await self.wait_for_assignment(timeout_s)
+        try:
+            await self.wait_for_assignment(timeout_s)
+        except RetriableMessageQueueError as exc:
+            logger.info("no start positions to pin: %s", exc)
+            return
         assert self._consumer is not None
         with translate_kafka_errors("pin start positions", self._where):
             for tp in sorted(self._consumer.assignment()):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Protocol
@@ -65,6 +65,15 @@ class QueueMessage:
         if self.settler is None:
             raise RuntimeError(f"message {self.id} was not delivered by a consumer")
         return self.settler
+
+
+def header_text(headers: Sequence[tuple[str, bytes]], name: str) -> str | None:
+    """The last header (or Redis field) of that name as text, or ``None``."""
+    found = None
+    for key, value in headers:
+        if key == name:
+            found = value
+    return found.decode("utf-8", "replace") if found is not None else None
 
 
 def encode_task(task: Mapping[str, Any]) -> bytes:
