@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import shutil
 import signal
@@ -122,16 +123,42 @@ def _local_stack(args: argparse.Namespace) -> int:
     return 0 if healthy else 1
 
 
-class _Runnable(Protocol):
+class _Service(Protocol):
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
     async def run(self, stop: asyncio.Event) -> None: ...
 
 
-async def _run_until_signal(component: _Runnable, grace_s: float, name: str) -> int:
-    """Run until SIGTERM/SIGINT; then let the work in hand finish within the grace period."""
+async def _run_until_signal(component: _Service, grace_s: float, name: str) -> int:
+    """Start, run until SIGTERM/SIGINT, then let the work in hand finish within the grace.
+
+    The signal handlers are in place before starting, so a stop during a slow start (a group
+    join waiting on a broker) is an orderly exit too.
+    """
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    try:
+        starting = asyncio.create_task(component.start(), name=f"{name}-start")
+        stopping = asyncio.create_task(stop.wait(), name=f"{name}-stop-signal")
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            logger.info("stop requested while starting")
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await starting
+            return 0
+        stopping.cancel()
+        starting.result()  # a failed start raises here
+        return await _run_started(component, stop, grace_s, name)
+    finally:
+        await component.stop()
+
+
+async def _run_started(component: _Service, stop: asyncio.Event, grace_s: float, name: str) -> int:
     running = asyncio.create_task(component.run(stop), name=name)
     stopping = asyncio.create_task(stop.wait(), name=f"{name}-stop-signal")
     await asyncio.wait({running, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -149,15 +176,14 @@ async def _run_until_signal(component: _Runnable, grace_s: float, name: str) -> 
 
 async def _mirror(settings: Settings) -> int:
     """Run the mirror until SIGTERM/SIGINT; then finish the batch in hand within the grace."""
-    async with Mirror(settings) as mirror:
-        return await _run_until_signal(mirror, settings.mirror.shutdown_grace_s, "mirror")
+    return await _run_until_signal(Mirror(settings), settings.mirror.shutdown_grace_s, "mirror")
 
 
 async def _sidecar(
     settings: Settings, *, mirror: bool = True, shadow: bool = True, observer: bool = True
 ) -> int:
-    async with Sidecar(settings, mirror=mirror, shadow=shadow, observer=observer) as sidecar:
-        return await _run_until_signal(sidecar, settings.mirror.shutdown_grace_s, "sidecar")
+    sidecar = Sidecar(settings, mirror=mirror, shadow=shadow, observer=observer)
+    return await _run_until_signal(sidecar, settings.mirror.shutdown_grace_s, "sidecar")
 
 
 async def _diffs(settings: Settings, args: argparse.Namespace) -> int:

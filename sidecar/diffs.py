@@ -27,6 +27,9 @@ from sidecar.topics import VERDICTS_TOPIC
 from sidecar.verdicts import VERDICTS, parse_verdict
 
 logger = logging.getLogger(__name__)
+# Records are found by their Kafka timestamp, verdicts filtered by decided_at_ms: the two come
+# from different clocks, so the seek starts this much earlier.
+SEEK_MARGIN_MS = 60_000
 
 _FETCH_MS: Final = 200
 
@@ -97,8 +100,8 @@ async def read_verdicts(
         tps = [TopicPartition(topic, partition) for partition in partitions]
         consumer.assign(tps)
         with translate_kafka_errors(f"read the offsets of {topic}", where):
-            await consumer.seek_to_beginning(*tps)
             ends: dict[TopicPartition, int] = await consumer.end_offsets(tps)
+            await _seek_to_start(consumer, tps, since_ms, ends)
         await _read_to_end(
             consumer,
             tps,
@@ -120,6 +123,23 @@ async def read_verdicts(
         logger.info("skipped %d records in %s that are not verdicts", stats.not_verdicts, topic)
     selected.sort(key=lambda r: (_int(r.get("decided_at_ms")), str(r.get("verdict_id"))))
     return selected
+
+
+async def _seek_to_start(
+    consumer: AIOKafkaConsumer,
+    tps: list[TopicPartition],
+    since_ms: int | None,
+    ends: Mapping[TopicPartition, int],
+) -> None:
+    """From the beginning, or with ``since_ms`` from the first record produced after it
+    (less a margin for clocks), so a recent window does not read the whole topic."""
+    if since_ms is None:
+        await consumer.seek_to_beginning(*tps)
+        return
+    found = await consumer.offsets_for_times({tp: max(since_ms - SEEK_MARGIN_MS, 0) for tp in tps})
+    for tp in tps:
+        at = found.get(tp)
+        consumer.seek(tp, at.offset if at is not None else ends[tp])
 
 
 async def _read_to_end(

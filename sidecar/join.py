@@ -28,13 +28,20 @@ SEEN_PREFIX: Final = "ragflow_sidecar:seen:"
 ALIVE_PREFIX: Final = "ragflow_sidecar:alive:"
 
 Side = Literal["control", "candidate", "primary"]
-RecordOutcome = Literal["decide", "recorded", "exists", "duplicate", "duplicate_again"]
+RecordOutcome = Literal[
+    "decide", "recorded", "exists", "redelivery", "duplicate", "duplicate_again"
+]
 
-# KEYS: hash, open zset. ARGV: side, facts, value, now_ms, ttl_s, member, claim token.
+# KEYS: hash, open zset. ARGV: side, facts, value, now_ms, ttl_s, member, claim token, origin.
+# The origin (topic:partition:offset of a candidate) tells a redelivery of the same Kafka record
+# (a shadow restart before its commit) from a second copy of the entry (a mirror replay).
 _RECORD = """
 local side = ARGV[1]
 local existed = redis.call('EXISTS', KEYS[1])
 if redis.call('HEXISTS', KEYS[1], side) == 1 then
+  if ARGV[8] ~= '' and redis.call('HGET', KEYS[1], side .. '_origin') == ARGV[8] then
+    return 'redelivery'
+  end
   if side == 'candidate' then
     redis.call('HINCRBY', KEYS[1], 'kafka_deliveries', 1)
     if redis.call('HSETNX', KEYS[1], 'dup_state', ARGV[7]) == 1 then
@@ -45,6 +52,9 @@ if redis.call('HEXISTS', KEYS[1], side) == 1 then
   return 'exists'
 end
 redis.call('HSET', KEYS[1], side, ARGV[2])
+if ARGV[8] ~= '' then
+  redis.call('HSET', KEYS[1], side .. '_origin', ARGV[8])
+end
 if ARGV[3] ~= '' then
   redis.call('HSET', KEYS[1], side .. '_value', ARGV[3])
 end
@@ -89,7 +99,8 @@ return 1
 """
 
 # KEYS: hash, open zset. ARGV: member, token, now_ms, stale_claim_ms.
-# Claims an open entry for the sweeper: unclaimed, or claimed by someone who died.
+# Claims an open entry for the sweeper: unclaimed (returns 1), or claimed by someone who died
+# (returns the dead claim's time, so the sweeper can look for a verdict it already published).
 _CLAIM_EXPIRED = """
 if redis.call('EXISTS', KEYS[1]) == 0 then
   redis.call('ZREM', KEYS[2], ARGV[1])
@@ -107,6 +118,9 @@ if state then
   end
 end
 redis.call('HSET', KEYS[1], 'state', ARGV[2])
+if state then
+  return math.max(tonumber(string.match(state, '@(%d+)$') or '1'), 1)
+end
 return 1
 """
 
@@ -140,6 +154,7 @@ class Arrival:
     ref: EntryRef
     facts: bytes
     value: bytes = b""
+    origin: str = ""  # where this copy was read (topic:partition:offset), for redeliveries
 
 
 class JoinStore:
@@ -171,6 +186,7 @@ class JoinStore:
                     self._ttl_s,
                     arrival.ref.member,
                     token,
+                    arrival.origin,
                 ],
                 client=pipe,
             )
@@ -204,19 +220,24 @@ class JoinStore:
 
     async def claim_expired(
         self, older_than_ms: int, token: str, now_ms: int, stale_claim_ms: int, limit: int
-    ) -> list[EntryRef]:
-        """Claim up to ``limit`` entries opened before ``older_than_ms`` and still undecided."""
+    ) -> list[tuple[EntryRef, int | None]]:
+        """Claim up to ``limit`` entries opened before ``older_than_ms`` and still undecided.
+
+        Each comes with the time of the dead claim it took over, or ``None``.
+        """
         members = await self._client.zrangebyscore(
             OPEN_KEY, "-inf", older_than_ms, start=0, num=limit
         )
-        claimed: list[EntryRef] = []
+        claimed: list[tuple[EntryRef, int | None]] = []
         for raw in members:
             ref = EntryRef.from_member(_text(raw))
-            won = await self._claim_expired(
-                keys=[ref.key, OPEN_KEY], args=[ref.member, token, now_ms, stale_claim_ms]
+            won = int(
+                await self._claim_expired(
+                    keys=[ref.key, OPEN_KEY], args=[ref.member, token, now_ms, stale_claim_ms]
+                )
             )
             if won:
-                claimed.append(ref)
+                claimed.append((ref, won if won > 1 else None))
         return claimed
 
 

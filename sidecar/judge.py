@@ -34,6 +34,7 @@ from comparators import (
     load_rules,
     outcome_digest,
 )
+from sidecar.diffs import read_verdicts
 from sidecar.errors import ConfigError, SidecarError
 from sidecar.join import Arrival, EntryRef, JoinStore, RecordOutcome, Side
 from sidecar.mq.base import Lifecycle, OutgoingMessage
@@ -55,7 +56,7 @@ class JudgeStats:
     verdicts: Counter[str] = field(default_factory=Counter)
     mismatched_fields: Counter[str] = field(default_factory=Counter)  # by top-level path
     noise: int = 0
-    taken_over: int = 0
+    taken_over: int = 0  # claims of dead instances the sweeper finished
 
 
 def load_compare_rules(path: str | None) -> CompareRules:
@@ -84,8 +85,11 @@ class Judge(Lifecycle):
         self._where = settings.redis.display_url
         self.join = JoinStore(self._client, ttl_s=shadow.join_ttl_s)
         self._producer = KafkaProducer(settings.kafka)
-        # A claim older than this belonged to an instance that died before publishing.
-        self._stale_claim_ms = max(int(shadow.compare_timeout_s * 1000), 30_000)
+        # A claim older than this belonged to an instance that died before publishing: a live
+        # one gives up on Kafka after twice its request timeout (KafkaProducer's bound).
+        self._stale_claim_ms = max(
+            int(shadow.compare_timeout_s * 1000), 2 * settings.kafka.request_timeout_ms + 1000
+        )
 
     async def _start(self) -> None:
         with translate_valkey_errors("PING", self._where):
@@ -129,8 +133,35 @@ class Judge(Lifecycle):
             claimed = await self.join.claim_expired(
                 older_than, token, now_ms, self._stale_claim_ms, SWEEP_BATCH
             )
-        if claimed:
-            await self._decide(claimed, token, timed_out=True)
+        taken_over = [at for _, at in claimed if at is not None]
+        already: dict[str, str] = {}
+        if taken_over:
+            # A dead claimer may have published before it could mark the entry: look for
+            # its verdicts rather than publish a second one.
+            published = await read_verdicts(
+                self.settings.kafka, since_ms=min(taken_over), verdicts=None, task_types=None
+            )
+            already = {str(v["verdict_id"]): str(v["verdict"]) for v in published}
+        fresh: list[EntryRef] = []
+        done: list[tuple[EntryRef, str, str, str]] = []
+        for ref, _ in claimed:
+            verdict = already.get(f"{ref.stream}/{ref.entry_id}/final")
+            if verdict is None:
+                fresh.append(ref)
+            else:
+                done.append((ref, token, verdict, "final"))
+        self.stats.taken_over += len(taken_over)
+        if taken_over:
+            logger.info(
+                "took over %d decisions of a dead instance; %d of them were already published",
+                len(taken_over),
+                len(done),
+            )
+        if done:
+            with translate_valkey_errors("mark verdicts published", self._where):
+                await self.join.finish(done)
+        if fresh:
+            await self._decide(fresh, token, timed_out=True)
         return len(claimed)
 
     async def run_sweeper(self, stop: asyncio.Event, interval_s: float = 1.0) -> None:
@@ -153,10 +184,7 @@ class Judge(Lifecycle):
                 continue  # expired meanwhile: nothing left to judge
             if timed_out and fields.get("state", b"").decode() != token:
                 continue
-            record = self.verdict_for(ref, fields)
-            if timed_out and record.verdict in ("match", "mismatch", "error"):
-                self.stats.taken_over += 1
-            decided.append((ref, record))
+            decided.append((ref, self.verdict_for(ref, fields)))
         await self._publish([(ref, record, "final") for ref, record in decided], token)
 
     async def _publish_duplicates(self, arrivals: list[Arrival], token: str) -> None:

@@ -94,6 +94,9 @@ class Sidecar(Lifecycle):
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run every loop until ``stop`` is set; the first loop to fail stops the rest."""
+        if self.shadow is not None:
+            # A shadow starting at "latest" must be positioned before the mirror produces.
+            await self.shadow.pin_start()
         try:
             async with asyncio.TaskGroup() as group:
                 if self.mirror is not None:

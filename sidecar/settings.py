@@ -201,6 +201,9 @@ class ShadowSettings:
     latency_tolerance_ms: float = 60000.0
     observer_interval_ms: int = 500
     instance: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    # SIDECAR_INSTANCE was given: a name that survives restarts, so the shadow consumer joins
+    # its group as a static member and gets its partitions back at once after a crash.
+    stable_instance: bool = False
 
 
 @dataclass(frozen=True)
@@ -381,6 +384,7 @@ def _build_shadow(reader: _Reader) -> ShadowSettings:
         ),
         observer_interval_ms=reader.integer("OBSERVER_INTERVAL_MS", 500, minimum=10),
         instance=reader.required_text("SIDECAR_INSTANCE", defaults.instance),
+        stable_instance=reader.text("SIDECAR_INSTANCE", None) is not None,
     )
 
 

@@ -18,7 +18,7 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from comparators import OrderTracker
 from sidecar.control import value_sha
@@ -79,6 +79,9 @@ class ShadowConsumer(Lifecycle):
             settings.shadow.group,
             commit_interval_ms=COMMIT_INTERVAL_MS,
             auto_offset_reset=settings.shadow.start,
+            # Static membership only for a stable name: a member that leaves for good does not
+            # say so, and a name per pid would hold its partitions for a session timeout.
+            group_instance_id=settings.shadow.instance if settings.shadow.stable_instance else None,
             **(consumer_overrides or {}),
         )
         self._dlq = KafkaProducer(settings.kafka, max_request_size=MAX_DLQ_BYTES)
@@ -105,10 +108,17 @@ class ShadowConsumer(Lifecycle):
 
     async def wait_ready(self, timeout_s: float = 60.0) -> dict[str, int]:
         """Wait until partitions are assigned and positioned; returns the positions."""
+        await self.pin_start(timeout_s)
+        return await self._consumer.wait_for_assignment(timeout_s)
+
+    async def pin_start(self, timeout_s: float = 60.0) -> None:
+        """With ``SHADOW_START=latest``, fix where a new group starts, once per start.
+
+        Must come before the mirror produces anything this shadow is meant to see.
+        """
         if self.settings.shadow.start == "latest" and not self._pinned:
             await self._consumer.pin_start_positions(timeout_s)
             self._pinned = True
-        return await self._consumer.wait_for_assignment(timeout_s)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until ``stop`` is set, then let the tasks in hand finish.
@@ -117,9 +127,7 @@ class ShadowConsumer(Lifecycle):
         loop with that error; its record stays uncommitted and is delivered again on restart.
         """
         limit = self.settings.shadow.max_concurrent_tasks
-        if self.settings.shadow.start == "latest" and not self._pinned:
-            await self._consumer.pin_start_positions()
-            self._pinned = True
+        await self.pin_start()
         running: set[asyncio.Task[None]] = set()
         heartbeat = asyncio.create_task(self._heartbeat(stop), name="shadow-heartbeat")
         try:
@@ -197,8 +205,12 @@ class ShadowConsumer(Lifecycle):
             facts["decode_error"] = exc.reason
             await self._submit(message, ref, facts)
             return
-        if not await self._first_delivery(ref):
+        claim = await self._claim(ref)
+        if claim == "skip":
             self.stats.duplicates += 1
+            await message.ack()
+            return
+        if claim == "recorded":
             await self._submit(message, ref, self._facts(message, task, started_ms, ref))
             return
         with translate_valkey_errors("look up the cancel key", self._where):
@@ -220,29 +232,42 @@ class ShadowConsumer(Lifecycle):
         self.stats.processed[message.topic] += 1
 
     async def _submit(self, message: QueueMessage, ref: EntryRef, facts: dict[str, Any]) -> None:
-        """Hand the candidate side to the judge, then let the record's offset be committed."""
-        arrival = Arrival(ref, json.dumps(facts, default=repr).encode(), message.value or b"")
-        await self._judge.record("candidate", [arrival])
+        """Hand the candidate side to the judge, then let the record's offset be committed.
+
+        For an entry whose candidate is already recorded, the judge tells a redelivery of the
+        same record (nothing to say) from a second copy in Kafka (a ``duplicate`` verdict).
+        """
+        arrival = Arrival(
+            ref,
+            json.dumps(facts, default=repr).encode(),
+            message.value or b"",
+            origin=f"{message.topic}:{message.partition}:{message.offset}",
+        )
+        outcome = (await self._judge.record("candidate", [arrival]))[0]
+        if outcome in ("duplicate", "duplicate_again"):
+            self.stats.duplicates += 1
         await message.ack()
 
-    async def _first_delivery(self, ref: EntryRef) -> bool:
-        """Take the entry's processing key; False when another delivery has it (a duplicate)."""
+    async def _claim(self, ref: EntryRef) -> Literal["process", "recorded", "skip"]:
+        """Whether this delivery processes the entry (``process``), finds its candidate
+        already recorded (``recorded``), or leaves it to a live instance processing it now."""
         key = f"{SEEN_PREFIX}{ref.stream}:{ref.entry_id}"
         ttl_s = self.settings.shadow.dedup_ttl_s
         me = self._instance.encode()
         with translate_valkey_errors("take the dedup key", self._where):
             if await self._client.set(key, me, nx=True, ex=ttl_s):
-                return True
+                return "process"
+            if await self._client.hexists(ref.key, "candidate"):  # type: ignore[misc]
+                return "recorded"
             holder = await self._client.get(key)
             if holder == me:
-                return True  # our own earlier delivery of it, before a rebalance or a retry
-            if await self._client.hexists(ref.key, "candidate"):  # type: ignore[misc]
-                return False
+                # A second copy while ours is in flight: the join keeps one, counts the other.
+                return "process"
             if holder and await self._client.exists(f"{ALIVE_PREFIX}{holder.decode()}"):
-                return False  # another live instance is processing it right now
+                return "skip"
             # Its holder died before recording an outcome: this delivery takes it over.
             await self._client.set(key, me, ex=ttl_s)
-            return True
+            return "process"
 
     async def _run_with_retries(
         self,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from dataclasses import dataclass
@@ -15,9 +16,29 @@ from sidecar.samples import ragflow_tasks
 from sidecar.settings import Settings
 from sidecar.topics import TOPIC_PLAN
 
-__all__ = ["RAGFLOW_GROUP", "group_state", "ragflow_tasks", "ragflow_worker", "read_mirrored"]
+__all__ = [
+    "RAGFLOW_GROUP",
+    "group_state",
+    "ragflow_tasks",
+    "ragflow_worker",
+    "read_mirrored",
+    "stream_in",
+]
 
 RAGFLOW_GROUP = "rag_flow_svr_task_broker"
+
+
+async def stream_in(
+    client: avalkey.Valkey, stream: str, total: int, chunk: int = 1000, pause_s: float = 0.05
+) -> None:
+    """XADD ``total`` RAGFlow-shaped tasks, ``chunk`` per pipeline with a pause in between."""
+    tasks = ragflow_tasks(total)
+    for start in range(0, total, chunk):
+        pipe = client.pipeline(transaction=False)
+        for task in tasks[start : start + chunk]:
+            pipe.xadd(stream, {"message": json.dumps(task)})
+        await pipe.execute()
+        await asyncio.sleep(pause_s)
 
 
 async def ragflow_worker(

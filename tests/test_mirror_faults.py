@@ -22,7 +22,7 @@ from sidecar.local_stack import LocalKafka
 from sidecar.mirror import Mirror
 from sidecar.settings import Settings
 from sidecar.topics import init_topics
-from tests.mirror_support import ragflow_tasks, read_mirrored
+from tests.mirror_support import ragflow_tasks, read_mirrored, stream_in
 
 pytestmark = pytest.mark.faults
 
@@ -51,16 +51,6 @@ def start_mirror(
         return subprocess.Popen(
             [sys.executable, "-m", "sidecar", "mirror"], env=env, stdout=out, stderr=out
         )
-
-
-async def stream_in(client: avalkey.Valkey, stream: str, total: int) -> None:
-    tasks = ragflow_tasks(total)
-    for start in range(0, total, 1000):
-        pipe = client.pipeline(transaction=False)
-        for task in tasks[start : start + 1000]:
-            pipe.xadd(stream, {"message": json.dumps(task)})
-        await pipe.execute()
-        await asyncio.sleep(0.05)
 
 
 async def drained(client: avalkey.Valkey, stream: str, total: int, timeout_s: float) -> None:
