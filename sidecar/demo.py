@@ -106,6 +106,7 @@ async def run_demo(
             "SIDECAR_INSTANCE": f"demo-{run_id}",
             "SHADOW_COMPARE_TIMEOUT_S": "20",
             "OBSERVER_INTERVAL_MS": "200",
+            "SIDECAR_METRICS_PORT": "0",
         }
     )
     for line in (await init_topics(settings.kafka)).lines():

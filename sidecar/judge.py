@@ -54,6 +54,9 @@ class JudgeStats:
     """Counters since start; the metrics exporter reads these."""
 
     verdicts: Counter[str] = field(default_factory=Counter)
+    by_type: Counter[tuple[str, str]] = field(default_factory=Counter)  # (verdict, task type)
+    # (comparator, task type) of the comparators that found a mismatch
+    mismatch_comparators: Counter[tuple[str, str]] = field(default_factory=Counter)
     mismatched_fields: Counter[str] = field(default_factory=Counter)  # by top-level path
     noise: int = 0
     taken_over: int = 0  # claims of dead instances the sweeper finished
@@ -232,6 +235,14 @@ class Judge(Lifecycle):
                 [(ref, token, record.verdict, kind) for ref, record, kind in published]
             )
         self.stats.verdicts.update(record.verdict for _, record, _ in published)
+        self.stats.by_type.update((r.verdict, r.task_type or "parse") for _, r, _ in published)
+        self.stats.mismatch_comparators.update(
+            (name, record.task_type or "parse")
+            for _, record, _ in published
+            if record.verdict == "mismatch"
+            for name, found in record.comparators.items()
+            if found and name != "delivery"
+        )
         if failed:
             # Left claimed: the sweeper takes them over once the claim is stale.
             raise failed[0]

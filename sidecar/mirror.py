@@ -55,6 +55,7 @@ class MirrorStats:
 
     read: int = 0
     mirrored: Counter[str] = field(default_factory=Counter)  # by topic
+    routes: Counter[tuple[str, str]] = field(default_factory=Counter)  # by (stream, topic)
     skipped: Counter[str] = field(default_factory=Counter)  # by reason
     dead_lettered: Counter[str] = field(default_factory=Counter)  # by reason
     unknown_task_types: Counter[str] = field(default_factory=Counter)
@@ -278,7 +279,7 @@ class Mirror(Lifecycle):
             acked_ms = int(time.time() * 1000)
             retry: list[tuple[QueueMessage, OutgoingMessage]] = []
             transient = 0
-            mirrored: list[str] = []
+            mirrored: list[tuple[str, str]] = []
             latency = self.stats.latency_ms
             for (message, record), outcome in zip(pending, outcomes, strict=True):
                 if isinstance(outcome, SendResult):
@@ -287,7 +288,7 @@ class Mirror(Lifecycle):
                         reason = header_text(record.headers, "x-error") or "unknown"
                         self.stats.dead_lettered[reason] += 1
                     else:
-                        mirrored.append(record.destination)
+                        mirrored.append((message.topic, record.destination))
                         latency.append(acked_ms - message.timestamp_ms)
                         to_task_topics.append((message, record))
                 elif isinstance(outcome, MessageTooLargeError) and record.destination != DLQ_TOPIC:
@@ -299,7 +300,8 @@ class Mirror(Lifecycle):
                     # Not the record's fault and not passing (authorisation, a deleted topic):
                     # stop with the entry unacked rather than drop or dead-letter good work.
                     raise outcome
-            self.stats.mirrored.update(mirrored)
+            self.stats.routes.update(mirrored)
+            self.stats.mirrored.update(topic for _, topic in mirrored)
             pending = retry
             if transient:
                 self.stats.produce_retries += 1

@@ -12,22 +12,32 @@ of it running. Nothing is lost by that: unacked entries and uncommitted records 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import time
+from collections.abc import Coroutine
 from dataclasses import asdict
+from typing import Any
 
 from sidecar.control import ControlRecorder
 from sidecar.errors import SidecarError
 from sidecar.handlers import NamedHandler, load_handler
+from sidecar.health import Health, HealthServer
 from sidecar.join import Arrival, EntryRef
 from sidecar.judge import Judge
+from sidecar.metrics import SidecarMetrics
+from sidecar.metrics_catalog import register_metrics
 from sidecar.mirror import Mirror, RecordTransform
-from sidecar.mq.base import Lifecycle
+from sidecar.mq.base import Lifecycle, OutgoingMessage
+from sidecar.mq.message import QueueMessage
 from sidecar.observer import PrimaryDelivery, PrimaryObserver
 from sidecar.settings import Settings
 from sidecar.shadow import ShadowConsumer
 
 logger = logging.getLogger(__name__)
+
+GAUGE_REFRESH_S = 5.0
 
 
 class Sidecar(Lifecycle):
@@ -46,17 +56,21 @@ class Sidecar(Lifecycle):
         super().__init__()
         self.settings = settings
         handler = handler or load_handler(settings.shadow.handler)
+        self.metrics = SidecarMetrics(otlp=settings.metrics.otlp)
         self.judge = Judge(settings)
+        self._control = ControlRecorder(self.judge, handler, settings.shadow.noise_runs)
         self.mirror = (
-            Mirror(
-                settings,
-                after_produce=ControlRecorder(self.judge, handler, settings.shadow.noise_runs),
-                transform=transform,
-            )
+            Mirror(settings, after_produce=self._after_produce, transform=transform)
             if mirror
             else None
         )
-        self.shadow = ShadowConsumer(settings, self.judge, handler=handler) if shadow else None
+        self.shadow = (
+            ShadowConsumer(
+                settings, self.judge, handler=handler, on_processed=self._kafka_task_done
+            )
+            if shadow
+            else None
+        )
         self.observer = (
             PrimaryObserver(
                 settings.redis,
@@ -70,8 +84,21 @@ class Sidecar(Lifecycle):
         self._parts: tuple[Lifecycle, ...] = tuple(
             part for part in (self.judge, self.mirror, self.shadow, self.observer) if part
         )
+        loops = {"mirror": self.mirror, "shadow": self.shadow, "observer": self.observer}
+        self.health = Health((*(name for name, part in loops.items() if part), "sweeper"))
+        self.http = (
+            HealthServer(
+                settings.metrics.host, settings.metrics.port, self.health, self.metrics.registry
+            )
+            if settings.metrics.port
+            else None
+        )
+        register_metrics(self)
 
     async def _start(self) -> None:
+        if self.http is not None:
+            # First, so the probes answer (not ready) while the rest connects.
+            await self.http.start()
         started: list[Lifecycle] = []
         try:
             for part in self._parts:
@@ -80,6 +107,8 @@ class Sidecar(Lifecycle):
         except BaseException:
             for part in reversed(started):
                 await part.stop()
+            if self.http is not None:
+                await self.http.stop()
             raise
 
     async def _stop(self) -> None:
@@ -89,6 +118,9 @@ class Sidecar(Lifecycle):
                 await part.stop()
             except SidecarError as exc:
                 errors.append(exc)
+        if self.http is not None:
+            await self.http.stop()
+        self.metrics.shutdown()
         if errors:
             raise errors[0]
 
@@ -100,19 +132,62 @@ class Sidecar(Lifecycle):
         try:
             async with asyncio.TaskGroup() as group:
                 if self.mirror is not None:
-                    group.create_task(self.mirror.run(stop), name="mirror")
+                    group.create_task(self._watched("mirror", self.mirror.run(stop)))
                 if self.shadow is not None:
-                    group.create_task(self.shadow.run(stop), name="shadow")
+                    group.create_task(self._watched("shadow", self.shadow.run(stop)))
                 if self.observer is not None:
-                    group.create_task(self.observer.run(stop), name="observer")
-                group.create_task(self.judge.run_sweeper(stop), name="sweeper")
+                    group.create_task(self._watched("observer", self.observer.run(stop)))
+                group.create_task(self._watched("sweeper", self.judge.run_sweeper(stop)))
+                group.create_task(self._refresh_gauges(stop), name="metrics")
         except BaseExceptionGroup as group_error:
             # One component died: the CLI reports it as one error, as any other.
             first = group_error.exceptions[0]
             logger.error("a sidecar loop died: %s", first)
             raise first from group_error
 
+    async def _watched(self, name: str, loop: Coroutine[Any, Any, None]) -> None:
+        """Run one component's loop, keeping the health probes told of its state."""
+        self.health.set_running(name, True)
+        try:
+            await loop
+        except BaseException as exc:
+            self.health.set_died(name, repr(exc))
+            raise
+        self.health.set_running(name, False)
+
+    async def _refresh_gauges(self, stop: asyncio.Event) -> None:
+        """Gauges that need I/O, every few seconds; a failed round leaves the last values."""
+        while not stop.is_set():
+            if self.mirror is not None:
+                try:
+                    lags = await self.mirror.lag()
+                    self.metrics.gauges.redis_lag = {
+                        stream: lag for stream, lag in lags.items() if lag is not None
+                    }
+                except SidecarError as exc:
+                    logger.debug("lag for metrics: %s", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=GAUGE_REFRESH_S)
+
+    async def _after_produce(self, mirrored: list[tuple[QueueMessage, OutgoingMessage]]) -> None:
+        now_ms = time.time() * 1000
+        record = self.metrics.mirror_latency.record
+        for message, _ in mirrored:
+            record(now_ms - message.timestamp_ms)
+        await self._control(mirrored)
+
+    def _kafka_task_done(self, queue_wait_ms: float | None, processing_ms: float) -> None:
+        path = {"path": "kafka"}
+        if queue_wait_ms is not None:
+            self.metrics.queue_wait.record(queue_wait_ms, path)
+        self.metrics.processing.record(processing_ms, path)
+
     async def _record_primary(self, delivery: PrimaryDelivery) -> None:
+        path = {"path": "redis"}
+        if delivery.queue_wait_ms is not None:
+            self.metrics.queue_wait.record(delivery.queue_wait_ms, path)
+        if delivery.processing_ms is not None:
+            self.metrics.processing.record(delivery.processing_ms, path)
         facts = {
             **asdict(delivery),
             "queue_wait_ms": delivery.queue_wait_ms,

@@ -207,6 +207,15 @@ class ShadowSettings:
 
 
 @dataclass(frozen=True)
+class MetricsSettings:
+    """Where the metrics and health endpoint listens, and whether metrics also go over OTLP."""
+
+    port: int = 9464  # SIDECAR_METRICS_PORT; 0 turns the HTTP endpoint off
+    host: str = "0.0.0.0"  # SIDECAR_METRICS_HOST; the container's port is published by compose
+    otlp: bool = False  # OTEL_METRICS_EXPORTER has otlp, or an OTLP endpoint is set
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything the sidecar is configured with."""
 
@@ -215,6 +224,7 @@ class Settings:
     kafka: KafkaSettings = field(default_factory=KafkaSettings)
     mirror: MirrorSettings = field(default_factory=MirrorSettings)
     shadow: ShadowSettings = field(default_factory=ShadowSettings)
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
 
     @classmethod
     def from_env(
@@ -359,6 +369,20 @@ def _build(reader: _Reader) -> Settings:
         kafka=kafka,
         mirror=_build_mirror(reader),
         shadow=_build_shadow(reader),
+        metrics=_build_metrics(reader),
+    )
+
+
+def _build_metrics(reader: _Reader) -> MetricsSettings:
+    exporters = reader.text("OTEL_METRICS_EXPORTER", None)
+    endpoint = reader.text("OTEL_EXPORTER_OTLP_ENDPOINT", None) or reader.text(
+        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", None
+    )
+    otlp = "otlp" in exporters.split(",") if exporters is not None else endpoint is not None
+    return MetricsSettings(
+        port=reader.integer("SIDECAR_METRICS_PORT", 9464, minimum=0, maximum=65535),
+        host=reader.required_text("SIDECAR_METRICS_HOST", "0.0.0.0"),
+        otlp=otlp,
     )
 
 
@@ -500,8 +524,16 @@ _SHADOW_VARIABLES: tuple[str, ...] = (
     "OBSERVER_INTERVAL_MS",
     "SIDECAR_INSTANCE",
 )
+_METRICS_VARIABLES: tuple[str, ...] = (
+    "SIDECAR_METRICS_PORT",
+    "SIDECAR_METRICS_HOST",
+    "OTEL_METRICS_EXPORTER",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+)
 _KNOWN_VARIABLES: tuple[str, ...] = (
     "REDIS_URL",
+    *_METRICS_VARIABLES,
     *_MIRROR_VARIABLES,
     *_SHADOW_VARIABLES,
     *_KAFKA_FILE_KEYS.values(),

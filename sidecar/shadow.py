@@ -17,6 +17,7 @@ import json
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -66,8 +67,11 @@ class ShadowConsumer(Lifecycle):
         handler: NamedHandler | None = None,
         topics: tuple[str, ...] = TASK_TOPICS,
         consumer_overrides: dict[str, Any] | None = None,
+        on_processed: Callable[[float | None, float], None] | None = None,
     ) -> None:
+        """``on_processed(queue_wait_ms, processing_ms)`` is told of each task run (metrics)."""
         super().__init__()
+        self._on_processed = on_processed
         self.settings = settings
         self.stats = ShadowStats()
         self._judge = judge
@@ -105,6 +109,10 @@ class ShadowConsumer(Lifecycle):
             await self._consumer.stop()
         finally:
             await self._dlq.stop()
+
+    def consumer_lag(self) -> dict[tuple[str, int], int]:
+        """Records behind this instance's commits, per assigned partition."""
+        return self._consumer.lag()
 
     async def wait_ready(self, timeout_s: float = 60.0) -> dict[str, int]:
         """Wait until partitions are assigned and positioned; returns the positions."""
@@ -230,6 +238,8 @@ class ShadowConsumer(Lifecycle):
             await self._dead_letter(message, "handler_failed", result.error or "", attempts)
         await self._submit(message, ref, facts)
         self.stats.processed[message.topic] += 1
+        if self._on_processed is not None:
+            self._on_processed(facts.get("queue_wait_ms"), result.elapsed_ms)
 
     async def _submit(self, message: QueueMessage, ref: EntryRef, facts: dict[str, Any]) -> None:
         """Hand the candidate side to the judge, then let the record's offset be committed.

@@ -35,6 +35,7 @@ def sidecar_settings(base: Settings, streams: list[str], unique: str, **extra: s
             "SHADOW_RETRY_BACKOFF_MS": "10",
             "OBSERVER_INTERVAL_MS": "100",
             "SIDECAR_INSTANCE": f"sidecar-{unique}",
+            "SIDECAR_METRICS_PORT": "0",
             **extra,
         }
     )

@@ -374,6 +374,19 @@ class KafkaConsumer(MessageQueueConsumer):
         if self._consumer is not None and self._consumer.paused():
             self._consumer.resume(*self._consumer.paused())
 
+    def lag(self) -> dict[tuple[str, int], int]:
+        """Records behind the group's commit per assigned partition, from the last fetch's
+        high watermark (no request: cheap enough for a metrics callback)."""
+        if self._consumer is None:
+            return {}
+        lags = {}
+        for tp in self._consumer.assignment():
+            highwater = self._consumer.highwater(tp)
+            committed = self._committed.get(tp)
+            if highwater is not None and committed is not None:
+                lags[tp.topic, tp.partition] = max(highwater - committed, 0)
+        return lags
+
     def in_flight(self, topic: str, partition: int) -> int:
         """Records of that partition handed out and not yet acked."""
         offsets = self._offsets.get(TopicPartition(topic, partition))

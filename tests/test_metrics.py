@@ -1,0 +1,116 @@
+"""Metrics and health endpoint of a running sidecar, read over HTTP as Prometheus would."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import urllib.request
+from urllib.error import HTTPError
+
+import valkey.asyncio as avalkey
+
+from sidecar.health import Health, HealthServer
+from sidecar.metrics import SidecarMetrics
+from sidecar.settings import Settings
+from sidecar.topics import init_topics
+from tests.mirror_support import RAGFLOW_GROUP, ragflow_tasks, ragflow_worker
+from tests.shadow_support import read_verdicts, running_sidecar, sidecar_settings
+from tests.test_shadow import enqueue
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def get(url: str) -> tuple[int, str]:
+    def fetch() -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                return int(response.status), response.read().decode()
+        except HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    return await asyncio.to_thread(fetch)
+
+
+def sample(text: str, name: str, **labels: str) -> float:
+    """The value of the one sample of ``name`` whose labels include ``labels``."""
+    found = []
+    for line in text.splitlines():
+        match = re.match(rf"^{name}(\{{(.*)\}})? (\S+)$", line)
+        if match is None:
+            continue
+        have = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
+        if all(have.get(k) == v for k, v in labels.items()):
+            found.append(float(match.group(3)))
+    assert len(found) == 1, (name, labels, found)
+    return found[0]
+
+
+async def test_probes_follow_the_components() -> None:
+    health = Health(("mirror", "shadow"))
+    metrics = SidecarMetrics()
+    async with HealthServer("127.0.0.1", 0, health, metrics.registry) as server:
+        base = f"http://127.0.0.1:{server.port}"
+        assert (await get(base + "/healthz"))[0] == 200
+        assert (await get(base + "/readyz"))[0] == 503  # nothing started yet
+        health.set_running("mirror", True)
+        health.set_running("shadow", True)
+        assert (await get(base + "/readyz"))[0] == 200
+        health.set_died("shadow", "ServiceUnavailableError('Kafka gone')")
+        status, body = await get(base + "/healthz")
+        assert status == 503 and "shadow died" in body
+        assert (await get(base + "/readyz"))[0] == 503
+        assert (await get(base + "/nothing"))[0] == 404
+    metrics.shutdown()
+
+
+async def test_metrics_of_a_running_sidecar(
+    settings: Settings, valkey_client: avalkey.Valkey, unique: str
+) -> None:
+    await init_topics(settings.kafka)
+    stream = f"{unique}.0"
+    await valkey_client.xgroup_create(stream, RAGFLOW_GROUP, id="0", mkstream=True)
+    port = free_port()
+    config = sidecar_settings(
+        settings, [stream], unique, SIDECAR_METRICS_PORT=str(port), KAFKA_TRAFFIC_PERCENT="50"
+    )
+    base = f"http://127.0.0.1:{port}"
+    async with running_sidecar(config) as sidecar:
+        assert (await get(base + "/readyz"))[0] == 200
+        worker = asyncio.create_task(ragflow_worker(valkey_client, stream, 200))
+        await enqueue(valkey_client, stream, ragflow_tasks(200))
+        await worker
+        assert sidecar.mirror is not None
+        mirrored = sum(sidecar.mirror.stats.mirrored.values())
+        await read_verdicts(settings, {stream}, expected=mirrored)
+        while sum(sidecar.judge.stats.verdicts.values()) < mirrored:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        status, text = await get(base + "/metrics")
+    assert status == 200
+    skipped = 200 - mirrored
+    assert 0 < mirrored < 200
+    total = sum(
+        sample(text, "ragflow_sidecar_mirrored_total", stream=stream, topic=topic)
+        for topic in sidecar.mirror.stats.mirrored
+    )
+    assert total == mirrored
+    assert sample(text, "ragflow_sidecar_skipped_total", reason="outside_share") == skipped
+    matches = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("ragflow_sidecar_verdicts_total{") and 'verdict="match"' in line
+    )
+    assert matches == mirrored
+    assert sample(text, "ragflow_sidecar_mirror_latency_milliseconds_count") == mirrored
+    assert sample(text, "ragflow_sidecar_queue_wait_milliseconds_count", path="kafka") == mirrored
+    assert sample(text, "ragflow_sidecar_processing_milliseconds_count", path="kafka") == mirrored
+    assert sample(text, "ragflow_sidecar_traffic_percent") == 50
+    for component in ("mirror", "shadow", "observer", "sweeper"):
+        assert sample(text, "ragflow_sidecar_up", component=component) == 1
+    # The RAGFlow-like worker's deliveries, seen by the observer, are the Redis path.
+    assert sample(text, "ragflow_sidecar_queue_wait_milliseconds_count", path="redis") > 0
+    assert "ragflow_sidecar_kafka_lag{" in text
