@@ -57,6 +57,7 @@ class ControlRecorder:
         with translate_valkey_errors("look up cancel keys", self._where):
             cancelled = await cancelled_tasks(self._client, [str(t.get("id")) for t in tasks])
         arrivals = []
+        traced = self._judge.tracing.enabled
         for (message, record), task, is_cancelled in zip(mirrored, tasks, cancelled, strict=True):
             meta = TaskMeta(
                 path="redis",
@@ -73,6 +74,8 @@ class ControlRecorder:
                 runs.append(await run_handler(self._handler, task, meta))
             assert message.value is not None  # decoded above
             facts = self._facts(message, record, runs, acked_ms)
+            if traced:  # the record's producer context, for the verdict's span to link to
+                facts["traceparent"] = header_text(record.headers, "traceparent")
             arrivals.append(
                 Arrival(
                     EntryRef(message.topic, message.id), json.dumps(facts).encode(), message.value

@@ -42,6 +42,7 @@ from sidecar.mq.kafka import KafkaProducer
 from sidecar.mq.redis_streams import create_client, translate_valkey_errors
 from sidecar.settings import Settings
 from sidecar.topics import VERDICTS_TOPIC
+from sidecar.tracing import Tracing
 from sidecar.verdicts import VerdictRecord, capped
 
 logger = logging.getLogger(__name__)
@@ -75,9 +76,13 @@ def load_compare_rules(path: str | None) -> CompareRules:
 class Judge(Lifecycle):
     """Records sides in the join and publishes verdicts to ``ragflow.shadow.verdicts``."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, tracing: Tracing | None = None) -> None:
+        """Without ``tracing`` the judge has its own, from ``settings.tracing``; the control
+        and shadow sides use the judge's."""
         super().__init__()
         self.settings = settings
+        self.tracing = tracing or Tracing(settings.tracing, settings.shadow.instance)
+        self._own_tracing = tracing is None
         shadow = settings.shadow
         self.stats = JudgeStats()
         self.rules = load_compare_rules(shadow.rules_file)
@@ -98,12 +103,16 @@ class Judge(Lifecycle):
         with translate_valkey_errors("PING", self._where):
             await self._client.ping()
         await self._producer.start()
+        if self._own_tracing:
+            await self.tracing.start()
 
     async def _stop(self) -> None:
         try:
             await self._producer.stop()
         finally:
             await self._client.aclose()
+            if self._own_tracing:
+                await self.tracing.stop()
 
     @property
     def join_client(self) -> valkey.Valkey:
@@ -214,6 +223,8 @@ class Judge(Lifecycle):
                     "duplicate",
                 )
             )
+            if self.tracing.enabled:
+                self.tracing.compare(records[-1][1], time.time_ns(), (facts,))
         await self._publish(records, token)
 
     async def _publish(self, items: list[tuple[EntryRef, VerdictRecord, str]], token: str) -> None:
@@ -248,9 +259,23 @@ class Judge(Lifecycle):
             raise failed[0]
 
     def verdict_for(self, ref: EntryRef, fields: dict[str, bytes]) -> VerdictRecord:
-        """The verdict for one joined entry (public for tests and the bench)."""
+        """The verdict for one joined entry (public for tests and the bench); a ``compare``
+        span when tracing is on."""
         control = _facts(fields.get("control"))
         candidate = _facts(fields.get("candidate"))
+        started_ns = time.time_ns()
+        record = self._verdict(ref, fields, control, candidate)
+        if self.tracing.enabled:
+            self.tracing.compare(record, started_ns, (candidate, control))
+        return record
+
+    def _verdict(
+        self,
+        ref: EntryRef,
+        fields: dict[str, bytes],
+        control: dict[str, Any],
+        candidate: dict[str, Any],
+    ) -> VerdictRecord:
         primary = _facts(fields.get("primary"))
         either = control or candidate or {}
         record = VerdictRecord(

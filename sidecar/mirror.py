@@ -32,6 +32,7 @@ from sidecar.mq.redis_streams import RedisStreamConsumer, translate_valkey_error
 from sidecar.routing import RouteTable
 from sidecar.settings import Settings
 from sidecar.topics import DLQ_TOPIC, missing_topics
+from sidecar.tracing import MirrorBatchTrace, Tracing
 from sidecar.traffic import in_traffic_share
 
 logger = logging.getLogger(__name__)
@@ -83,8 +84,13 @@ class Mirror(Lifecycle):
         producer_overrides: dict[str, object] | None = None,
         after_produce: AfterProduce | None = None,
         transform: RecordTransform | None = None,
+        tracing: Tracing | None = None,
     ):
+        """Without ``tracing`` the mirror has its own, from ``settings.tracing``."""
         super().__init__()
+        self._tracing = tracing or Tracing(settings.tracing, settings.shadow.instance)
+        self._own_tracing = tracing is None
+        self._last_read: tuple[list[QueueMessage], int, int] | None = None
         self._after_produce = after_produce
         self._transform = transform
         mirror = settings.mirror
@@ -125,6 +131,8 @@ class Mirror(Lifecycle):
         except BaseException:
             await self._producer.stop()
             raise
+        if self._own_tracing:
+            await self._tracing.start()
         logger.info(
             "mirroring %s in group %s as %s (start %s, %.4g%% to Kafka)",
             ",".join(self.settings.mirror.streams),
@@ -139,6 +147,8 @@ class Mirror(Lifecycle):
             await self._consumer.stop()
         finally:
             await self._producer.stop()
+            if self._own_tracing:
+                await self._tracing.stop()
         logger.info("mirror stopped: %s", self.stats.summary())
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -147,7 +157,6 @@ class Mirror(Lifecycle):
         The next batch is read while Kafka acknowledges the current one. Reading sends nothing
         to Kafka, so order is unchanged; at most two batches are ever held in memory.
         """
-        mirror = self.settings.mirror
         prefetch: asyncio.Task[list[QueueMessage]] | None = None
         try:
             while True:
@@ -157,13 +166,10 @@ class Mirror(Lifecycle):
                 elif stop.is_set():
                     break
                 else:
-                    batch = await self._consumer.poll_batch(mirror.batch, mirror.block_ms)
+                    batch = await self._read()
                 if batch:
                     if not stop.is_set():
-                        prefetch = asyncio.create_task(
-                            self._consumer.poll_batch(mirror.batch, mirror.block_ms),
-                            name="mirror-prefetch",
-                        )
+                        prefetch = asyncio.create_task(self._read(), name="mirror-prefetch")
                     await self._mirror_batch(batch, stop)
                 await self._maybe_log_status()
         finally:
@@ -175,20 +181,33 @@ class Mirror(Lifecycle):
 
     async def mirror_once(self, stop: asyncio.Event | None = None) -> int:
         """Read one batch, put it in Kafka, ack it; returns how many entries were read."""
-        mirror = self.settings.mirror
-        batch = await self._consumer.poll_batch(mirror.batch, mirror.block_ms)
+        batch = await self._read()
         if batch:
             await self._mirror_batch(batch, stop)
         return len(batch)
 
+    async def _read(self) -> list[QueueMessage]:
+        """XREADGROUP one batch; when it started and ended is kept for its trace span."""
+        started_ns = time.time_ns()
+        batch = await self._consumer.poll_batch(
+            self.settings.mirror.batch, self.settings.mirror.block_ms
+        )
+        self._last_read = (batch, started_ns, time.time_ns())
+        return batch
+
     async def _mirror_batch(self, batch: list[QueueMessage], stop: asyncio.Event | None) -> None:
+        trace: MirrorBatchTrace | None = None
+        if self._tracing.enabled:
+            read = self._last_read
+            read_ns = read[1:] if read is not None and read[0] is batch else None
+            trace = self._tracing.mirror_batch(batch, self.settings.mirror.group, read_ns)
         self.stats.read += len(batch)
         self.stats.batches += 1
         outgoing: list[tuple[QueueMessage, OutgoingMessage]] = []
         settled: list[QueueMessage] = []
         dropped: list[tuple[QueueMessage, OutgoingMessage]] = []
         for message in batch:
-            record = self._plan(message)
+            record = self._plan(message, trace)
             if record is None:
                 settled.append(message)
             elif self._transform is not None and record.destination != DLQ_TOPIC:
@@ -199,15 +218,22 @@ class Mirror(Lifecycle):
                     settled.append(message)
             else:
                 outgoing.append((message, record))
-        done, mirrored = await self._produce(outgoing, stop)
+        try:
+            done, mirrored = await self._produce(outgoing, stop, trace)
+        finally:
+            if trace is not None:
+                trace.finish()
         if self._after_produce is not None and (mirrored or dropped):
             # The control is the Redis copy: recorded once per entry, whatever was sent.
             once = {(m.topic, m.id): (m, record) for m, record in mirrored + dropped}
             await self._after_produce(list(once.values()))
         await self._consumer.ack_many(settled + done)
 
-    def _plan(self, message: QueueMessage) -> OutgoingMessage | None:
-        """The Kafka record for an entry, or ``None`` when it stays out of Kafka."""
+    def _plan(
+        self, message: QueueMessage, trace: MirrorBatchTrace | None = None
+    ) -> OutgoingMessage | None:
+        """The Kafka record for an entry, or ``None`` when it stays out of Kafka; with a
+        ``trace``, its ``send`` span is started and its context is the ``traceparent``."""
         try:
             task = decode_task(message.value)
             task_id = task.get("id")
@@ -242,6 +268,8 @@ class Mirror(Lifecycle):
             ("x-redis-id", message.id.encode()),
         ]
         traceparent = message.header("traceparent")
+        if trace is not None:
+            traceparent = trace.send(message, route.topic, task_id, route.task_type, traceparent)
         if traceparent is not None:
             headers.append(("traceparent", traceparent))
         assert message.value is not None  # payload decoded, so the field exists
@@ -262,7 +290,10 @@ class Mirror(Lifecycle):
         )
 
     async def _produce(
-        self, outgoing: Sequence[tuple[QueueMessage, OutgoingMessage]], stop: asyncio.Event | None
+        self,
+        outgoing: Sequence[tuple[QueueMessage, OutgoingMessage]],
+        stop: asyncio.Event | None,
+        trace: MirrorBatchTrace | None = None,
     ) -> tuple[list[QueueMessage], list[tuple[QueueMessage, OutgoingMessage]]]:
         """Produce until every record is in Kafka; returns the entries that may be acked, and
         those of them mirrored to a task topic with their records.
@@ -291,6 +322,8 @@ class Mirror(Lifecycle):
                         mirrored.append((message.topic, record.destination))
                         latency.append(acked_ms - message.timestamp_ms)
                         to_task_topics.append((message, record))
+                        if trace is not None:
+                            trace.sent(message, outcome)
                 elif isinstance(outcome, MessageTooLargeError) and record.destination != DLQ_TOPIC:
                     retry.append((message, self._dead_letter(message, "too_large", str(outcome))))
                 elif outcome.retriable:

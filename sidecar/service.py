@@ -34,6 +34,7 @@ from sidecar.mq.message import QueueMessage
 from sidecar.observer import PrimaryDelivery, PrimaryObserver
 from sidecar.settings import Settings
 from sidecar.shadow import ShadowConsumer
+from sidecar.tracing import Tracing
 
 logger = logging.getLogger(__name__)
 
@@ -57,10 +58,17 @@ class Sidecar(Lifecycle):
         self.settings = settings
         handler = handler or load_handler(settings.shadow.handler)
         self.metrics = SidecarMetrics(otlp=settings.metrics.otlp)
-        self.judge = Judge(settings)
+        # One tracer provider for all parts, started first and stopped last.
+        self.tracing = Tracing(settings.tracing, settings.shadow.instance)
+        self.judge = Judge(settings, tracing=self.tracing)
         self._control = ControlRecorder(self.judge, handler, settings.shadow.noise_runs)
         self.mirror = (
-            Mirror(settings, after_produce=self._after_produce, transform=transform)
+            Mirror(
+                settings,
+                after_produce=self._after_produce,
+                transform=transform,
+                tracing=self.tracing,
+            )
             if mirror
             else None
         )
@@ -82,7 +90,9 @@ class Sidecar(Lifecycle):
             else None
         )
         self._parts: tuple[Lifecycle, ...] = tuple(
-            part for part in (self.judge, self.mirror, self.shadow, self.observer) if part
+            part
+            for part in (self.tracing, self.judge, self.mirror, self.shadow, self.observer)
+            if part
         )
         loops = {"mirror": self.mirror, "shadow": self.shadow, "observer": self.observer}
         self.health = Health((*(name for name, part in loops.items() if part), "sweeper"))

@@ -196,7 +196,9 @@ class ShadowSettings:
     noise_runs: int = 0  # extra control runs; paths differing between them are noise
     compare_timeout_s: float = 300.0
     join_ttl_s: int = 7 * 86400
-    dedup_ttl_s: int = 7 * 86400
+    # One key per processed entry: a day covers any replay, and keeps RAGFlow's small Valkey
+    # (128 MB in its compose) from holding a week of them.
+    dedup_ttl_s: int = 86400
     rules_file: str | None = None
     latency_tolerance_ms: float = 60000.0
     observer_interval_ms: int = 500
@@ -215,6 +217,35 @@ class MetricsSettings:
     otlp: bool = False  # OTEL_METRICS_EXPORTER has otlp, or an OTLP endpoint is set
 
 
+OTEL_SAMPLERS: tuple[str, ...] = (
+    "always_on",
+    "always_off",
+    "traceidratio",
+    "parentbased_always_on",
+    "parentbased_always_off",
+    "parentbased_traceidratio",
+)
+OTLP_PROTOCOLS: tuple[str, ...] = ("grpc", "http/protobuf")
+
+
+@dataclass(frozen=True)
+class TracingSettings:
+    """OpenTelemetry traces, from the standard ``OTEL_*`` variables (see sidecar.tracing).
+
+    Off unless ``OTEL_TRACES_EXPORTER=otlp`` or an OTLP endpoint is set."""
+
+    enabled: bool = False
+    # gRPC: the collector's URL; http/protobuf: the full URL, .../v1/traces.
+    endpoint: str = "http://localhost:4317"
+    protocol: str = "grpc"  # grpc or http/protobuf
+    headers: tuple[tuple[str, Secret], ...] = ()  # sent with each export; may hold API keys
+    service_name: str = "ragflow-kafka-sidecar"
+    resource_attributes: tuple[tuple[str, str], ...] = ()  # OTEL_RESOURCE_ATTRIBUTES
+    sampler: str = "parentbased_always_on"
+    sampler_ratio: float = 1.0  # OTEL_TRACES_SAMPLER_ARG, for the *traceidratio samplers
+    redact_fields: tuple[str, ...] = ("message_dict",)  # TRACE_REDACT_FIELDS
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything the sidecar is configured with."""
@@ -225,6 +256,7 @@ class Settings:
     mirror: MirrorSettings = field(default_factory=MirrorSettings)
     shadow: ShadowSettings = field(default_factory=ShadowSettings)
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
+    tracing: TracingSettings = field(default_factory=TracingSettings)
 
     @classmethod
     def from_env(
@@ -370,7 +402,78 @@ def _build(reader: _Reader) -> Settings:
         mirror=_build_mirror(reader),
         shadow=_build_shadow(reader),
         metrics=_build_metrics(reader),
+        tracing=_build_tracing(reader),
     )
+
+
+def _build_tracing(reader: _Reader) -> TracingSettings:
+    """The ``OTEL_*`` trace variables (signal-specific ones win over the general ones)."""
+    defaults = TracingSettings()
+    disabled = reader.choice("OTEL_SDK_DISABLED", ("true", "false"), "false", upper=False)
+    exporter = reader.text("OTEL_TRACES_EXPORTER", None)
+    if exporter is not None:
+        exporter = reader.choice("OTEL_TRACES_EXPORTER", ("otlp", "none"), "otlp", upper=False)
+    endpoint_var = next(
+        (
+            name
+            for name in ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+            if reader.text(name, None) is not None
+        ),
+        None,
+    )
+    enabled = disabled == "false" and (
+        exporter == "otlp" if exporter is not None else endpoint_var is not None
+    )
+    protocol_var = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+    if reader.text(protocol_var, None) is None:
+        protocol_var = "OTEL_EXPORTER_OTLP_PROTOCOL"
+    protocol = reader.choice(protocol_var, OTLP_PROTOCOLS, "grpc", upper=False)
+    grpc = protocol == "grpc"
+    endpoint = "http://localhost:4317" if grpc else "http://localhost:4318/v1/traces"
+    if endpoint_var is not None:
+        endpoint = reader.required_text(endpoint_var, endpoint)
+        parts = urlsplit(endpoint)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise reader.error(endpoint_var, f"{endpoint!r} is not an http:// or https:// URL")
+        if endpoint_var == "OTEL_EXPORTER_OTLP_ENDPOINT" and not grpc:
+            endpoint = endpoint.rstrip("/") + "/v1/traces"  # the base URL of every signal
+    headers_var = "OTEL_EXPORTER_OTLP_TRACES_HEADERS"
+    if reader.text(headers_var, None) is None:
+        headers_var = "OTEL_EXPORTER_OTLP_HEADERS"
+    headers = [(key.lower(), Secret(value)) for key, value in _key_values(reader, headers_var)]
+    sampler = reader.choice("OTEL_TRACES_SAMPLER", OTEL_SAMPLERS, defaults.sampler, upper=False)
+    ratio = 1.0
+    if sampler.endswith("traceidratio"):
+        ratio = reader.number("OTEL_TRACES_SAMPLER_ARG", 1.0, 0.0, 1.0)
+    redact = reader.names("TRACE_REDACT_FIELDS", defaults.redact_fields)
+    resource = _key_values(reader, "OTEL_RESOURCE_ATTRIBUTES")
+    return TracingSettings(
+        enabled=enabled,
+        endpoint=endpoint,
+        protocol=protocol,
+        headers=tuple(headers),
+        # OTEL_SERVICE_NAME wins over a service.name in OTEL_RESOURCE_ATTRIBUTES.
+        service_name=reader.required_text(
+            "OTEL_SERVICE_NAME", dict(resource).get("service.name", defaults.service_name)
+        ),
+        resource_attributes=resource,
+        sampler=sampler,
+        sampler_ratio=ratio,
+        redact_fields=() if redact == ("none",) else redact,
+    )
+
+
+def _key_values(reader: _Reader, name: str) -> tuple[tuple[str, str], ...]:
+    """``key1=value1,key2=value2``, percent-encoded, as OTEL_*_HEADERS and the like are."""
+    pairs = []
+    for item in (reader.text(name, None) or "").split(","):
+        key, sep, value = item.partition("=")
+        if not item.strip():
+            continue
+        if not sep or not key.strip():
+            raise reader.error(name, "must be key=value pairs separated by commas")
+        pairs.append((unquote(key.strip()), unquote(value.strip())))
+    return tuple(pairs)
 
 
 def _build_metrics(reader: _Reader) -> MetricsSettings:
@@ -531,9 +634,24 @@ _METRICS_VARIABLES: tuple[str, ...] = (
     "OTEL_EXPORTER_OTLP_ENDPOINT",
     "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
 )
+_TRACING_VARIABLES: tuple[str, ...] = (
+    "OTEL_SDK_DISABLED",
+    "OTEL_TRACES_EXPORTER",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_HEADERS",
+    "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+    "OTEL_SERVICE_NAME",
+    "OTEL_RESOURCE_ATTRIBUTES",
+    "OTEL_TRACES_SAMPLER",
+    "OTEL_TRACES_SAMPLER_ARG",
+    "TRACE_REDACT_FIELDS",
+)  # and OTEL_EXPORTER_OTLP_ENDPOINT, shared with the metrics
 _KNOWN_VARIABLES: tuple[str, ...] = (
     "REDIS_URL",
     *_METRICS_VARIABLES,
+    *_TRACING_VARIABLES,
     *_MIRROR_VARIABLES,
     *_SHADOW_VARIABLES,
     *_KAFKA_FILE_KEYS.values(),

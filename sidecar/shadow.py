@@ -75,6 +75,7 @@ class ShadowConsumer(Lifecycle):
         self.settings = settings
         self.stats = ShadowStats()
         self._judge = judge
+        self._tracing = judge.tracing
         self._handler = handler or load_handler(settings.shadow.handler)
         self._instance = settings.shadow.instance
         self._consumer = KafkaConsumer(
@@ -154,7 +155,10 @@ class ShadowConsumer(Lifecycle):
                         header_text(message.headers, "x-redis-id") or "",
                     )
                     after = str(violation.right) if violation is not None else None
-                    running.add(asyncio.create_task(self._process(message, after, stop)))
+                    work = self._process(message, after, stop)
+                    if self._tracing.enabled:
+                        work = self._tracing.process(message, self.settings.shadow.group, work)
+                    running.add(asyncio.create_task(work))
                 self.stats.in_flight = len(running)
                 finished = {task for task in running if task.done()}
                 running -= finished
@@ -355,7 +359,7 @@ class ShadowConsumer(Lifecycle):
     ) -> dict[str, Any]:
         enqueued = header_text(message.headers, "x-timestamp")
         queue_wait_ms = started_ms - int(enqueued) if enqueued and enqueued.isdigit() else None
-        return {
+        facts = {
             "task_id": header_text(message.headers, "x-task-id")
             or (str(task.get("id")) if task else None),
             "task_type": header_text(message.headers, "x-task-type"),
@@ -368,6 +372,9 @@ class ShadowConsumer(Lifecycle):
             "value_sha": value_sha(message.value or b""),
             "queue_wait_ms": queue_wait_ms,
         }
+        if self._tracing.enabled:
+            facts.update(self._tracing.candidate_facts(message))  # for the verdict's links
+        return facts
 
 
 def _int_or_none(text: str | None) -> int | None:

@@ -1,0 +1,223 @@
+"""Tracing overhead: mirror + shadow throughput with tracing off, at 10 % and at 100 % sampling.
+
+One local stack (real Valkey and Kafka). Each run fills a fresh stream with ``--entries``
+RAGFlow-shaped tasks of all five kinds and drains it with a whole ``Sidecar`` (mirror, control,
+shadow consumer, judge; no observer) until every entry has its verdict: entries per second from
+the sidecar's start to the last verdict, and the mirror's own rate (start to the last entry
+read). Then the mirror alone (its hot path, ~14k entries/s untraced) over ``--mirror-entries``.
+With tracing on, spans go over OTLP/gRPC to a receiver in this process that counts and discards
+them. The three modes run in turn, the order alternating between rounds; the best rate of each
+is kept. Target: 10 % sampling at >= 0.9 of the untraced rate (mirror + shadow).
+
+Usage: .venv/bin/python bench/tracing_overhead.py [--entries 20000] [--mirror-entries 100000]
+       [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import socket
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import grpc
+import valkey
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+from sidecar.local_stack import LocalStack, StackConfig
+from sidecar.mirror import Mirror
+from sidecar.mq.message import encode_task
+from sidecar.samples import ragflow_tasks
+from sidecar.service import Sidecar
+from sidecar.settings import Settings
+from sidecar.topics import init_topics
+
+TARGET = 0.9
+MODES: dict[str, dict[str, str]] = {
+    "off": {},
+    "10%": {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.1"},
+    "100%": {"OTEL_TRACES_SAMPLER": "parentbased_always_on"},
+}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Discard(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore[misc]
+    """An OTLP/gRPC trace receiver that counts spans and keeps nothing."""
+
+    def __init__(self) -> None:
+        self.spans = 0
+
+    async def Export(
+        self, request: trace_service_pb2.ExportTraceServiceRequest, context: Any
+    ) -> trace_service_pb2.ExportTraceServiceResponse:
+        for resource_spans in request.resource_spans:
+            for scope in resource_spans.scope_spans:
+                self.spans += len(scope.spans)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+def fill(url: str, stream: str, count: int) -> None:
+    client = valkey.Valkey.from_url(url)
+    tasks = ragflow_tasks(count)
+    for start in range(0, count, 5000):
+        pipe = client.pipeline(transaction=False)
+        for task in tasks[start : start + 5000]:
+            pipe.xadd(stream, {"message": encode_task(task)})
+        pipe.execute()
+    client.close()
+
+
+def run_settings(
+    stack: LocalStack, stream: str, mode: str, endpoint: str, concurrency: int
+) -> Settings:
+    run = uuid.uuid4().hex[:8]
+    tracing = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": endpoint, **MODES[mode]} if MODES[mode] else {}
+    return Settings.from_env(
+        {
+            "REDIS_URL": stack.valkey.url,
+            "KAFKA_BOOTSTRAP_SERVERS": stack.kafka.bootstrap_servers,
+            "MIRROR_STREAMS": stream,
+            "MIRROR_PRIORITY_STREAMS": "none",
+            "MIRROR_START": "earliest",
+            "MIRROR_BLOCK_MS": "100",
+            "MIRROR_GROUP": f"bench_mirror_{run}",
+            "SHADOW_GROUP": f"bench-shadow-{run}",
+            "SHADOW_START": "latest",
+            "SIDECAR_INSTANCE": f"bench-{run}",
+            "MAX_CONCURRENT_TASKS": str(concurrency),
+            "SIDECAR_METRICS_PORT": "0",
+            **tracing,
+        }
+    )
+
+
+async def drain(settings: Settings, count: int) -> tuple[float, float]:
+    """Entries per second to the last verdict, and to the mirror's last read."""
+    stop = asyncio.Event()
+    async with Sidecar(settings, observer=False) as sidecar:
+        assert sidecar.shadow is not None and sidecar.mirror is not None
+        await sidecar.shadow.wait_ready()
+        started = time.perf_counter()
+        loops = asyncio.create_task(sidecar.run(stop))
+        mirrored_s = 0.0
+        while sum(sidecar.judge.stats.verdicts.values()) < count:
+            if loops.done():
+                loops.result()  # a loop that died raises here
+            if not mirrored_s and sidecar.mirror.stats.read >= count:
+                mirrored_s = time.perf_counter() - started
+            await asyncio.sleep(0.005)
+        elapsed = time.perf_counter() - started
+        stop.set()
+        await loops
+        kinds = set(sidecar.judge.stats.verdicts)
+        if kinds != {"match"}:
+            raise SystemExit(f"unexpected verdicts {dict(sidecar.judge.stats.verdicts)}")
+    return count / elapsed, count / (mirrored_s or elapsed)
+
+
+async def mirror_alone(settings: Settings, count: int) -> float:
+    """Entries per second of the mirror on its own (it has its own Tracing, from settings)."""
+    stop = asyncio.Event()
+    async with Mirror(settings) as mirror:
+        started = time.perf_counter()
+        running = asyncio.create_task(mirror.run(stop))
+        while mirror.stats.read < count:  # noqa: ASYNC110 - polls a counter, not an event
+            await asyncio.sleep(0.005)
+        stop.set()
+        await running
+        return count / (time.perf_counter() - started)
+
+
+def report(title: str, rates: dict[str, list[float]]) -> dict[str, float]:
+    best = {mode: max(runs) for mode, runs in rates.items()}
+    print(title)
+    for mode in MODES:
+        print(
+            f"  tracing {mode:>4}: {best[mode]:8,.0f} entries/s "
+            f"(ratio {best[mode] / best['off']:.2f})"
+        )
+    return best
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--entries", type=int, default=20_000)
+    parser.add_argument("--mirror-entries", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, default=20, help="MAX_CONCURRENT_TASKS")
+    args = parser.parse_args()
+
+    receiver = Discard()
+    server = grpc.aio.server()
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, server)
+    endpoint = f"http://127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    await server.start()
+    root = Path(tempfile.mkdtemp(prefix="sidecar-bench-"))
+    stack = LocalStack(StackConfig(root, free_port(), free_port(), free_port()))
+    stack.up()
+    try:
+        await init_topics(run_settings(stack, "unused", "off", endpoint, 1).kafka)
+        rates: dict[str, list[tuple[float, float]]] = {mode: [] for mode in MODES}
+        # A warm-up run, not counted: topic metadata, first connections, imports.
+        fill(stack.valkey.url, "bench.trace.warmup", 2000)
+        await drain(run_settings(stack, "bench.trace.warmup", "100%", endpoint, 20), 2000)
+        for round_no in range(args.rounds):
+            order = list(MODES) if round_no % 2 == 0 else list(MODES)[::-1]
+            for mode in order:
+                stream = f"bench.trace.{round_no}.{mode.strip('%')}"
+                fill(stack.valkey.url, stream, args.entries)
+                spans_before = receiver.spans
+                settings = run_settings(stack, stream, mode, endpoint, args.concurrency)
+                verdict_rate, mirror_rate = await drain(settings, args.entries)
+                rates[mode].append((verdict_rate, mirror_rate))
+                print(
+                    f"round {round_no + 1} tracing {mode:>4}: {verdict_rate:8,.0f} entries/s "
+                    f"to verdicts, mirror {mirror_rate:8,.0f}/s, "
+                    f"{receiver.spans - spans_before:7,} spans exported",
+                    flush=True,
+                )
+        alone: dict[str, list[float]] = {mode: [] for mode in MODES}
+        for round_no in range(args.rounds):
+            order = list(MODES) if round_no % 2 == 0 else list(MODES)[::-1]
+            for mode in order:
+                stream = f"bench.trace.mirror.{round_no}.{mode.strip('%')}"
+                fill(stack.valkey.url, stream, args.mirror_entries)
+                spans_before = receiver.spans
+                settings = run_settings(stack, stream, mode, endpoint, 1)
+                rate = await mirror_alone(settings, args.mirror_entries)
+                alone[mode].append(rate)
+                print(
+                    f"round {round_no + 1} mirror alone, tracing {mode:>4}: {rate:8,.0f} entries/s,"
+                    f" {receiver.spans - spans_before:7,} spans exported",
+                    flush=True,
+                )
+        best = report(
+            f"best of {args.rounds}, {args.entries:,} entries, mirror + shadow + verdicts:",
+            {mode: [r[0] for r in runs] for mode, runs in rates.items()},
+        )
+        report(
+            "  (the mirror's rate within those runs)",
+            {m: [r[1] for r in v] for m, v in rates.items()},
+        )
+        report(f"best of {args.rounds}, {args.mirror_entries:,} entries, the mirror alone:", alone)
+        met = best["10%"] / best["off"] >= TARGET
+        print(f"  target: 10 % sampling >= {TARGET} of untraced: {'met' if met else 'NOT met'}")
+        return 0 if met else 1
+    finally:
+        stack.down()
+        shutil.rmtree(root, ignore_errors=True)
+        await server.stop(None)
+
+
+if __name__ == "__main__":
+    raise SystemExit(asyncio.run(main()))
