@@ -13,17 +13,32 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-# Java 17 runs the Kafka broker; Maven fetches its jars. Both come from Debian's packages
-# when the machine lacks them (CI and developers run as root).
+# Java 17 runs the Kafka broker; Maven fetches its jars. docker-compose (1.29) and promtool
+# check compose/ without a Docker engine (tests/test_compose.py); prometheus runs the
+# dashboards' queries (tests/test_prometheus.py). docker-compose comes without its recommended
+# engine package; prometheus and promtool are taken out of Debian's prometheus package
+# without installing it, so no Prometheus service is set up or started. All come from Debian's
+# packages when the machine lacks them (CI and developers run as root).
 system-deps:
 	@if ! command -v java >/dev/null || ! command -v mvn >/dev/null; then \
 	  echo "installing Java 17 and Maven"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless maven; \
 	fi
+	@if ! command -v docker-compose >/dev/null; then \
+	  echo "installing docker-compose"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker-compose; \
+	fi
+	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then \
+	  echo "installing prometheus and promtool"; \
+	  tmp=$$(mktemp -d) && cd "$$tmp" && apt-get update -qq && apt-get download -qq -o APT::Sandbox::User=root prometheus \
+	    && dpkg-deb -x prometheus_*.deb root \
+	    && install -m 0755 root/usr/bin/prometheus root/usr/bin/promtool /usr/local/bin/ \
+	    && cd / && rm -rf "$$tmp"; \
+	fi
 
 lint: $(STAMP)
-	$(BIN)/ruff check sidecar comparators tests bench
-	$(BIN)/ruff format --check sidecar comparators tests bench
+	$(BIN)/ruff check sidecar comparators tests bench dashboards
+	$(BIN)/ruff format --check sidecar comparators tests bench dashboards
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
