@@ -846,8 +846,10 @@ def drill_down() -> builders.Dashboard:
         .mode(TextMode.MARKDOWN)
         .content(
             "Each row of **Mismatch traces** is a task whose Kafka outcome differed from the "
-            'Redis one (`span.verdict = "mismatch"`); its trace id opens the trace (mirror, '
-            "shadow processing, comparison).\n\n"
+            'Redis one (`span.verdict = "mismatch"`); its trace id opens the `compare` span '
+            "with the diff event. A mismatch is exported whatever the sampling, so that span "
+            "is a trace of its own: its links lead to the task's `send` (mirror) and "
+            "`process` (shadow) spans.\n\n"
             "The diff itself is in the verdict, on `ragflow.shadow.verdicts`:\n\n"
             "```\nragflow-sidecar diffs --since 1h --verdict mismatch\n```\n\n"
             "The **Mismatch traces in Explore** link at the top runs the same TraceQL query in "
