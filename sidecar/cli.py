@@ -21,6 +21,7 @@ from sidecar.local_stack import LocalStack, StackConfig
 from sidecar.mirror import Mirror
 from sidecar.mq.kafka import KafkaProducer
 from sidecar.mq.redis_streams import ping
+from sidecar.reconcile import reconcile, render_json, render_report
 from sidecar.roundtrip import round_trip
 from sidecar.service import Sidecar
 from sidecar.settings import Settings
@@ -65,6 +66,20 @@ def _parser() -> argparse.ArgumentParser:
     diffs.add_argument("--task-type", action="append", help="only this task type (repeatable)")
     diffs.add_argument("--color", choices=("auto", "always", "never"), default="auto")
     commands.add_parser("status", help="lag, traffic share, verdict and DLQ counts, as a table")
+    reconcile = commands.add_parser(
+        "reconcile", help="account for every stream entry of a window in Kafka; exit 1 if missing"
+    )
+    reconcile.add_argument("--since", help="entries from: 10m, 2h, 1d, an ISO time or epoch ms")
+    reconcile.add_argument("--until", help="entries up to: same forms as --since")
+    reconcile.add_argument("--from-id", help="first entry id (ms or ms-seq), instead of --since")
+    reconcile.add_argument("--to-id", help="last entry id, instead of --until")
+    reconcile.add_argument(
+        "--stream", action="append", help="this stream only (repeatable; default MIRROR_STREAMS)"
+    )
+    reconcile.add_argument(
+        "--percent", type=float, help="traffic share in force then (default KAFKA_TRAFFIC_PERCENT)"
+    )
+    reconcile.add_argument("--json", action="store_true", help="the full report as JSON")
     commands.add_parser("check", help="connect to Valkey and Kafka and print their versions")
     commands.add_parser("roundtrip", help="send a task through each backend and read it back")
 
@@ -199,6 +214,21 @@ async def _diffs(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+async def _reconcile(settings: Settings, args: argparse.Namespace) -> int:
+    now = now_ms()
+    report = await reconcile(
+        settings,
+        streams=args.stream,
+        since_ms=parse_since(args.since, now) if args.since else None,
+        until_ms=parse_since(args.until, now) if args.until else None,
+        min_id=args.from_id,
+        max_id=args.to_id,
+        traffic_percent=args.percent,
+    )
+    print(render_json(report) if args.json else render_report(report))
+    return 0 if report.ok else 1
+
+
 async def _status(settings: Settings) -> int:
     print(render_status(await collect_status(settings)))
     return 0
@@ -273,6 +303,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_sidecar(settings, mirror=False))
         if args.command == "diffs":
             return asyncio.run(_diffs(settings, args))
+        if args.command == "reconcile":
+            return asyncio.run(_reconcile(settings, args))
         if args.command == "status":
             return asyncio.run(_status(settings))
         if args.command == "check":

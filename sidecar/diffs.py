@@ -16,22 +16,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
-
-from sidecar.errors import ConfigError, MessageQueueError
-from sidecar.mq.kafka import translate_kafka_errors
+from sidecar.errors import ConfigError
 from sidecar.settings import KafkaSettings
-from sidecar.status import topic_partitions
+from sidecar.topic_reader import read_topics
 from sidecar.topics import VERDICTS_TOPIC
 from sidecar.verdicts import VERDICTS, parse_verdict
 
 logger = logging.getLogger(__name__)
-# Records are found by their Kafka timestamp, verdicts filtered by decided_at_ms: the two come
-# from different clocks, so the seek starts this much earlier.
-SEEK_MARGIN_MS = 60_000
-
-_FETCH_MS: Final = 200
 
 _BOLD: Final = "\x1b[1m"
 _RED: Final = "\x1b[31m"
@@ -79,41 +70,16 @@ async def read_verdicts(
                 f"unknown verdict {', '.join(unknown)}; expected one of {', '.join(VERDICTS)}",
             )
     stats = stats if stats is not None else VerdictReadStats()
-    where = ",".join(settings.bootstrap_servers)
-    consumer = AIOKafkaConsumer(
-        **settings.client_kwargs(),
-        group_id=None,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-    )
-    admin = AIOKafkaAdminClient(**settings.client_kwargs())
     by_id: dict[str, dict[str, Any]] = {}
-    try:
-        with translate_kafka_errors("connect", where):
-            await admin.start()
-            await consumer.start()
-        partitions = (await topic_partitions(admin, where)).get(topic)
-        if not partitions:
-            raise MessageQueueError(
-                f"topic {topic} does not exist in Kafka at {where} (run init-topics)"
-            )
-        tps = [TopicPartition(topic, partition) for partition in partitions]
-        consumer.assign(tps)
-        with translate_kafka_errors(f"read the offsets of {topic}", where):
-            ends: dict[TopicPartition, int] = await consumer.end_offsets(tps)
-            await _seek_to_start(consumer, tps, since_ms, ends)
-        await _read_to_end(
-            consumer,
-            tps,
-            ends=ends,
-            by_id=by_id,
-            stats=stats,
-            idle_timeout_ms=idle_timeout_ms,
-            where=where,
-        )
-    finally:
-        await admin.close()
-        await consumer.stop()
+    outcome = await read_topics(
+        settings,
+        [topic],
+        lambda record: _take(record, by_id, stats),
+        since_ms=since_ms,
+        idle_timeout_ms=idle_timeout_ms,
+    )
+    stats.complete = outcome.complete
+    stats.short_partitions = [partition for _, partition in outcome.short_partitions]
 
     selected = [
         record for record in by_id.values() if _wanted(record, since_ms, verdicts, task_types)
@@ -123,65 +89,6 @@ async def read_verdicts(
         logger.info("skipped %d records in %s that are not verdicts", stats.not_verdicts, topic)
     selected.sort(key=lambda r: (_int(r.get("decided_at_ms")), str(r.get("verdict_id"))))
     return selected
-
-
-async def _seek_to_start(
-    consumer: AIOKafkaConsumer,
-    tps: list[TopicPartition],
-    since_ms: int | None,
-    ends: Mapping[TopicPartition, int],
-) -> None:
-    """From the beginning, or with ``since_ms`` from the first record produced after it
-    (less a margin for clocks), so a recent window does not read the whole topic."""
-    if since_ms is None:
-        await consumer.seek_to_beginning(*tps)
-        return
-    found = await consumer.offsets_for_times({tp: max(since_ms - SEEK_MARGIN_MS, 0) for tp in tps})
-    for tp in tps:
-        at = found.get(tp)
-        consumer.seek(tp, at.offset if at is not None else ends[tp])
-
-
-async def _read_to_end(
-    consumer: AIOKafkaConsumer,
-    tps: list[TopicPartition],
-    *,
-    ends: Mapping[TopicPartition, int],
-    by_id: dict[str, dict[str, Any]],
-    stats: VerdictReadStats,
-    idle_timeout_ms: int,
-    where: str,
-) -> None:
-    last_progress = time.monotonic()
-    positions: dict[TopicPartition, int] = {}
-    while True:
-        with translate_kafka_errors("read offsets", where):
-            current = {tp: await consumer.position(tp) for tp in tps}
-        # Progress is the position moving, not records arriving: control batches and
-        # compacted gaps move it without handing out a record.
-        if current != positions:
-            positions = current
-            last_progress = time.monotonic()
-        remaining = [tp for tp in tps if positions[tp] < ends[tp]]
-        if not remaining:
-            return
-        if (time.monotonic() - last_progress) * 1000 >= idle_timeout_ms:
-            stats.complete = False
-            stats.short_partitions = [tp.partition for tp in remaining]
-            logger.warning(
-                "stopped reading %s after %d ms without progress; partitions %s are short of "
-                "the end, so the verdicts shown are incomplete",
-                tps[0].topic,
-                idle_timeout_ms,
-                stats.short_partitions,
-            )
-            return
-        with translate_kafka_errors("fetch verdicts", where):
-            fetched = await consumer.getmany(*remaining, timeout_ms=_FETCH_MS)
-        for tp, records in fetched.items():
-            for record in records:
-                if record.offset < ends[tp]:  # later ones arrived after the read began
-                    _take(record, by_id, stats)
 
 
 def _take(record: Any, by_id: dict[str, dict[str, Any]], stats: VerdictReadStats) -> None:

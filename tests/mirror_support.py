@@ -11,6 +11,7 @@ from typing import Any
 
 import valkey.asyncio as avalkey
 
+from sidecar.mirror import Mirror
 from sidecar.mq import KafkaConsumer
 from sidecar.samples import ragflow_tasks
 from sidecar.settings import Settings
@@ -19,6 +20,8 @@ from sidecar.topics import TOPIC_PLAN
 __all__ = [
     "RAGFLOW_GROUP",
     "group_state",
+    "mirror_settings",
+    "mirror_until",
     "ragflow_tasks",
     "ragflow_worker",
     "read_mirrored",
@@ -100,3 +103,27 @@ async def group_state(client: avalkey.Valkey, stream: str, group: str) -> dict[s
         "consumers": consumers,
         "pending": [(p["message_id"], p["consumer"], p["times_delivered"]) for p in pending],
     }
+
+
+def mirror_settings(base: Settings, streams: list[str], **extra: str) -> Settings:
+    return Settings.from_env(
+        {
+            "REDIS_URL": f"redis://{base.redis.host}:{base.redis.port}/1",
+            "KAFKA_BOOTSTRAP_SERVERS": ",".join(base.kafka.bootstrap_servers),
+            "KAFKA_LINGER_MS": "1",
+            "MIRROR_STREAMS": ",".join(streams),
+            # With two streams the first is the priority one, as te.1.common is.
+            "MIRROR_PRIORITY_STREAMS": streams[0] if len(streams) > 1 else "te.1.common",
+            "MIRROR_START": "earliest",
+            "MIRROR_BLOCK_MS": "100",
+            **extra,
+        }
+    )
+
+
+async def mirror_until(mirror: Mirror, read: int) -> None:
+    for _ in range(1000):
+        if mirror.stats.read >= read:
+            return
+        await mirror.mirror_once()
+    raise AssertionError(f"mirror read {mirror.stats.read} of {read}")

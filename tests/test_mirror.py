@@ -17,35 +17,12 @@ from sidecar.traffic import in_traffic_share
 from tests.mirror_support import (
     RAGFLOW_GROUP,
     group_state,
+    mirror_settings,
+    mirror_until,
     ragflow_tasks,
     ragflow_worker,
     read_mirrored,
 )
-
-
-def mirror_settings(base: Settings, streams: list[str], **extra: str) -> Settings:
-    return Settings.from_env(
-        {
-            "REDIS_URL": f"redis://{base.redis.host}:{base.redis.port}/1",
-            "KAFKA_BOOTSTRAP_SERVERS": ",".join(base.kafka.bootstrap_servers),
-            "KAFKA_LINGER_MS": "1",
-            "MIRROR_STREAMS": ",".join(streams),
-            # With two streams the first is the priority one, as te.1.common is.
-            "MIRROR_PRIORITY_STREAMS": streams[0] if len(streams) > 1 else "te.1.common",
-            "MIRROR_START": "earliest",
-            "MIRROR_BLOCK_MS": "100",
-            **extra,
-        }
-    )
-
-
-async def mirror_until(mirror: Mirror, read: int) -> None:
-    for _ in range(1000):
-        if mirror.stats.read >= read:
-            return
-        await mirror.mirror_once()
-    raise AssertionError(f"mirror read {mirror.stats.read} of {read}")
-
 
 UGLY = [
     {"id": "u1", "doc_id": "du1", "name": "\u00fc\u6587\u6863 \ud83d\ude00", "to_page": 100000000},
