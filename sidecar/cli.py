@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import shutil
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
 
 from sidecar import __version__
 from sidecar.demo import run_demo
@@ -19,13 +16,14 @@ from sidecar.diffs import now_ms, parse_since, read_verdicts, render_diffs
 from sidecar.errors import SidecarError
 from sidecar.local_stack import LocalStack, StackConfig
 from sidecar.mirror import Mirror
-from sidecar.mq.kafka import KafkaProducer
+from sidecar.mq.kafka import KafkaProducer, check_login
 from sidecar.mq.redis_streams import ping
 from sidecar.reconcile import reconcile, render_json, render_report
 from sidecar.roundtrip import round_trip
 from sidecar.service import Sidecar
 from sidecar.settings import Settings
 from sidecar.status import collect_status, render_status
+from sidecar.supervisor import run_until_signal
 from sidecar.topics import init_topics
 
 logger = logging.getLogger("sidecar.cli")
@@ -101,6 +99,10 @@ def _stack_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kafka-port", type=int, default=defaults.kafka_port)
     parser.add_argument("--kafka-controller-port", type=int, default=defaults.kafka_controller_port)
     parser.add_argument("--aof", action="store_true", help="Valkey with AOF persistence")
+    parser.add_argument(
+        "--secured", action="store_true", help="also a SASL_SSL (SCRAM-SHA-512) Kafka listener"
+    )
+    parser.add_argument("--kafka-sasl-ssl-port", type=int, default=defaults.kafka_sasl_ssl_port)
 
 
 def _stack(args: argparse.Namespace) -> LocalStack:
@@ -111,6 +113,8 @@ def _stack(args: argparse.Namespace) -> LocalStack:
             kafka_port=args.kafka_port,
             kafka_controller_port=args.kafka_controller_port,
             valkey_aof=args.aof,
+            kafka_secured=args.secured,
+            kafka_sasl_ssl_port=args.kafka_sasl_ssl_port,
         )
     )
 
@@ -138,67 +142,21 @@ def _local_stack(args: argparse.Namespace) -> int:
     return 0 if healthy else 1
 
 
-class _Service(Protocol):
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
-
-    async def run(self, stop: asyncio.Event) -> None: ...
-
-
-async def _run_until_signal(component: _Service, grace_s: float, name: str) -> int:
-    """Start, run until SIGTERM/SIGINT, then let the work in hand finish within the grace.
-
-    The signal handlers are in place before starting, so a stop during a slow start (a group
-    join waiting on a broker) is an orderly exit too.
-    """
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    try:
-        starting = asyncio.create_task(component.start(), name=f"{name}-start")
-        stopping = asyncio.create_task(stop.wait(), name=f"{name}-stop-signal")
-        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        if not starting.done():
-            logger.info("stop requested while starting")
-            starting.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await starting
-            return 0
-        stopping.cancel()
-        starting.result()  # a failed start raises here
-        return await _run_started(component, stop, grace_s, name)
-    finally:
-        await component.stop()
-
-
-async def _run_started(component: _Service, stop: asyncio.Event, grace_s: float, name: str) -> int:
-    running = asyncio.create_task(component.run(stop), name=name)
-    stopping = asyncio.create_task(stop.wait(), name=f"{name}-stop-signal")
-    await asyncio.wait({running, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    stopping.cancel()
-    if not running.done():
-        logger.info("stop requested; finishing the work in hand (grace %.0f s)", grace_s)
-        try:
-            await asyncio.wait_for(running, timeout=grace_s)
-        except TimeoutError:
-            logger.warning("grace period over; unfinished work will be replayed on restart")
-    else:
-        running.result()  # a crashed loop raises here
-    return 0
-
-
 async def _mirror(settings: Settings) -> int:
     """Run the mirror until SIGTERM/SIGINT; then finish the batch in hand within the grace."""
-    return await _run_until_signal(Mirror(settings), settings.mirror.shutdown_grace_s, "mirror")
+    return await run_until_signal(
+        lambda: Mirror(settings), settings.mirror.shutdown_grace_s, "mirror"
+    )
 
 
 async def _sidecar(
     settings: Settings, *, mirror: bool = True, shadow: bool = True, observer: bool = True
 ) -> int:
-    sidecar = Sidecar(settings, mirror=mirror, shadow=shadow, observer=observer)
-    return await _run_until_signal(sidecar, settings.mirror.shutdown_grace_s, "sidecar")
+    return await run_until_signal(
+        lambda: Sidecar(settings, mirror=mirror, shadow=shadow, observer=observer),
+        settings.mirror.shutdown_grace_s,
+        "sidecar",
+    )
 
 
 async def _diffs(settings: Settings, args: argparse.Namespace) -> int:
@@ -293,6 +251,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "demo":
             return _demo(args)
         settings = Settings.from_env(config_file=args.config)
+        # aiokafka reports a refused password as a broker that is down, which would be retried.
+        asyncio.run(check_login(settings.kafka))
         if args.command == "mirror":
             if args.compare:
                 return asyncio.run(_sidecar(settings, shadow=False, observer=False))

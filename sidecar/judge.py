@@ -40,6 +40,8 @@ from sidecar.join import Arrival, EntryRef, JoinStore, RecordOutcome, Side
 from sidecar.mq.base import Lifecycle, OutgoingMessage
 from sidecar.mq.kafka import KafkaProducer
 from sidecar.mq.redis_streams import create_client, translate_valkey_errors
+from sidecar.progress import ShadowProgress
+from sidecar.routing import RouteTable
 from sidecar.settings import Settings
 from sidecar.topics import VERDICTS_TOPIC
 from sidecar.tracing import Tracing
@@ -48,6 +50,9 @@ from sidecar.verdicts import VerdictRecord, capped
 logger = logging.getLogger(__name__)
 
 SWEEP_BATCH = 200
+# An entry open this many compare timeouts is decided even if the shadow group has not been
+# seen to read past its copy (no shadow running, Kafka not answering offset requests).
+GIVE_UP_TIMEOUTS = 10
 
 
 @dataclass
@@ -93,6 +98,9 @@ class Judge(Lifecycle):
         self._where = settings.redis.display_url
         self.join = JoinStore(self._client, ttl_s=shadow.join_ttl_s)
         self._producer = KafkaProducer(settings.kafka)
+        self._progress = ShadowProgress(
+            settings.kafka, shadow.group, RouteTable(settings.mirror.routes).topics
+        )
         # A claim older than this belonged to an instance that died before publishing: a live
         # one gives up on Kafka after twice its request timeout (KafkaProducer's bound).
         self._stale_claim_ms = max(
@@ -103,11 +111,17 @@ class Judge(Lifecycle):
         with translate_valkey_errors("PING", self._where):
             await self._client.ping()
         await self._producer.start()
+        try:
+            await self._progress.start()
+        except BaseException:
+            await self._producer.stop()
+            raise
         if self._own_tracing:
             await self.tracing.start()
 
     async def _stop(self) -> None:
         try:
+            await self._progress.stop()
             await self._producer.stop()
         finally:
             await self._client.aclose()
@@ -140,7 +154,7 @@ class Judge(Lifecycle):
         """Decide entries open past the compare timeout; returns how many were decided."""
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         token = self._token(now_ms)
-        older_than = now_ms - int(self.settings.shadow.compare_timeout_s * 1000)
+        older_than = await self._sweep_cutoff(now_ms)
         with translate_valkey_errors("sweep open entries", self._where):
             claimed = await self.join.claim_expired(
                 older_than, token, now_ms, self._stale_claim_ms, SWEEP_BATCH
@@ -175,6 +189,25 @@ class Judge(Lifecycle):
         if fresh:
             await self._decide(fresh, token, timed_out=True)
         return len(claimed)
+
+    async def _sweep_cutoff(self, now_ms: int) -> int:
+        """Entries opened before this are decided: past the compare timeout, and (within the
+        give-up bound) only once the shadow group has read past where their copies are."""
+        timeout_ms = int(self.settings.shadow.compare_timeout_s * 1000)
+        cutoff = now_ms - timeout_ms
+        give_up = now_ms - GIVE_UP_TIMEOUTS * timeout_ms
+        try:
+            read_up_to = await self._progress.read_up_to_ms()
+        except SidecarError as exc:
+            logger.debug(
+                "shadow progress unknown (%s); deciding only what is past %d ms",
+                exc,
+                GIVE_UP_TIMEOUTS * timeout_ms,
+            )
+            read_up_to = None
+        if read_up_to is None:
+            return give_up
+        return max(min(cutoff, read_up_to), give_up)
 
     async def run_sweeper(self, stop: asyncio.Event, interval_s: float = 1.0) -> None:
         """Sweep every ``interval_s`` until ``stop``; a failing round is retried, not fatal."""

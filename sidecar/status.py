@@ -171,7 +171,7 @@ async def _kafka_side(
         task_partitions = [tp for tp in every if tp.topic in task_topics]
         if task_partitions:
             group = settings.shadow.group
-            answer = await _group_offsets(admin, group, task_partitions, where)
+            answer = await group_offsets(admin, group, task_partitions, where)
             # -1: the group has no offset there.
             committed = {tp: meta.offset for tp, meta in answer.items() if meta.offset >= 0}
     finally:
@@ -188,7 +188,7 @@ async def _kafka_side(
     return topics, dlq_records
 
 
-async def _group_offsets(
+async def group_offsets(
     admin: AIOKafkaAdminClient, group: str, tps: list[TopicPartition], where: str
 ) -> dict[TopicPartition, Any]:
     """The group's committed offsets, retried while the group coordinator is not ready.

@@ -1,0 +1,235 @@
+"""What every fault test shares: the sidecar as a real process, a RAGFlow-like producer and
+worker, waiting on conditions, and the pass criteria checked with ``reconcile``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import valkey.asyncio as avalkey
+from valkey.exceptions import ConnectionError as ValkeyConnectionError
+
+from sidecar.reconcile import StreamReconciliation, reconcile, render_report
+from sidecar.samples import ragflow_tasks
+from sidecar.settings import Settings
+from tests.mirror_support import RAGFLOW_GROUP
+from tests.shadow_support import read_verdicts
+
+_OURS = ("KAFKA_", "MIRROR_", "REDIS_", "SHADOW_", "SIDECAR_", "OBSERVER_", "STATUS_")
+WORKER = "task_executor_x_0"
+
+
+@dataclass
+class FaultRow:
+    """One line of the fault suite's table (printed at the end of the run)."""
+
+    fault: str
+    written: int
+    missing: int
+    duplicates: int  # Kafka records beyond the first per entry
+    recover_s: float  # from the end of the fault until everything was in Kafka (and judged)
+    note: str = ""
+
+
+def sidecar_env(
+    redis_url: str, bootstrap: str, stream: str, unique: str, **extra: str
+) -> dict[str, str]:
+    """The environment of a sidecar process on a test's own stream and groups."""
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith(_OURS)},
+        "REDIS_URL": redis_url,
+        "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+        "KAFKA_REQUEST_TIMEOUT_MS": "5000",
+        "MIRROR_STREAMS": stream,
+        "MIRROR_START": "earliest",
+        "MIRROR_GROUP": f"mirror-{unique}",
+        "MIRROR_BATCH": "100",
+        "MIRROR_BLOCK_MS": "200",
+        "MIRROR_CLAIM_IDLE_MS": "2000",
+        "SHADOW_GROUP": f"shadow-{unique}",
+        # The task topics are shared by the whole test session: only what comes after us.
+        "SHADOW_START": "latest",
+        "SHADOW_COMPARE_TIMEOUT_S": "20",
+        "OBSERVER_INTERVAL_MS": "200",
+        "STATUS_INTERVAL_S": "5",
+        "SIDECAR_METRICS_PORT": "0",
+        # Stable names, as a deployment gives them: a restarted shadow rejoins its group as the
+        # same static member, and the mirror replays its own pending entries first, in order.
+        "SIDECAR_INSTANCE": f"sidecar-{unique}",
+        "MIRROR_CONSUMER": f"mirror-{unique}",
+        **extra,
+    }
+
+
+class SidecarProcess:
+    """``ragflow-sidecar <command>`` as a child process, logging to ``log``; always reaped."""
+
+    def __init__(self, command: list[str], env: dict[str, str], log: Path) -> None:
+        self.command, self.env, self.log = command, env, log
+        self.process: subprocess.Popen[bytes] | None = None
+        self.kills = 0
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "sidecar", *self.command],
+                env=self.env,
+                stdout=out,
+                stderr=out,
+            )
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def kill(self) -> None:
+        """SIGKILL: no flush, no ack, no commit."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+            self.kills += 1
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+    def stop(self, timeout_s: float = 60.0) -> int:
+        """SIGTERM and wait: the exit code of an orderly stop."""
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=timeout_s)
+
+    def __enter__(self) -> SidecarProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+async def wait_until(
+    condition: Callable[[], Awaitable[bool]], what: str, timeout_s: float, interval_s: float = 0.1
+) -> float:
+    """Poll ``condition`` until true; returns the seconds it took."""
+    began = time.monotonic()
+    while not await condition():
+        if time.monotonic() - began > timeout_s:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        await asyncio.sleep(interval_s)
+    return time.monotonic() - began
+
+
+async def ready(port: int) -> bool:
+    """Whether the sidecar's /readyz on ``port`` answers 200 (every loop running)."""
+
+    def probe() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as reply:
+                return bool(reply.status == 200)
+        except OSError:
+            return False
+
+    return await asyncio.to_thread(probe)
+
+
+async def produce(
+    client: avalkey.Valkey, stream: str, total: int, *, chunk: int = 100, pause_s: float = 0.1
+) -> list[str]:
+    """XADD ``total`` RAGFlow-shaped tasks in pipelined chunks; returns their entry ids."""
+    ids: list[str] = []
+    tasks = ragflow_tasks(total)
+    for start in range(0, total, chunk):
+        pipe = client.pipeline(transaction=False)
+        for task in tasks[start : start + chunk]:
+            pipe.xadd(stream, {"message": json.dumps(task)})
+        ids += [entry_id.decode() for entry_id in await pipe.execute()]
+        await asyncio.sleep(pause_s)
+    return ids
+
+
+async def ragflow_worker(
+    client: avalkey.Valkey, stream: str, total: int, timeout_s: float = 300
+) -> Counter[str]:
+    """Consume like RAGFlow's task executor (XREADGROUP COUNT 1 in RAGFlow's group, then XACK),
+    riding out a Valkey restart; returns how often each entry was handed to it."""
+    handled: Counter[str] = Counter()
+    deadline = time.monotonic() + timeout_s
+    while len(handled) < total and time.monotonic() < deadline:
+        try:
+            reply = await client.xreadgroup(RAGFLOW_GROUP, WORKER, {stream: ">"}, count=1, block=50)
+            for _, entries in reply or []:
+                for entry_id, _fields in entries:
+                    handled[entry_id.decode()] += 1
+                    await client.xack(stream, RAGFLOW_GROUP, entry_id)
+        except ValkeyConnectionError:
+            await asyncio.sleep(0.2)  # Valkey restarting: RAGFlow's executor retries too
+    return handled
+
+
+async def assert_ragflow_untouched(
+    client: avalkey.Valkey, stream: str, handled: Counter[str], ids: list[str]
+) -> None:
+    """RAGFlow's worker got every entry exactly once, and its group holds only its consumer
+    with nothing pending: the sidecar never read in, claimed from or acked in RAGFlow's group."""
+    assert set(handled) == set(ids), f"RAGFlow's worker missed {len(set(ids) - set(handled))}"
+    assert max(handled.values()) == 1
+    consumers = [c["name"].decode() for c in await client.xinfo_consumers(stream, RAGFLOW_GROUP)]
+    assert consumers == [WORKER]
+    assert (await client.xpending(stream, RAGFLOW_GROUP))["pending"] == 0
+
+
+async def assert_reconciled(
+    settings: Settings, stream: str, written: int, *, crashes: int, batch: int
+) -> StreamReconciliation:
+    """``reconcile`` says nothing is missing; duplicates at most one batch per crash."""
+    report = await reconcile(settings, streams=[stream])
+    row = report.streams[stream]
+    print("\n" + render_report(report))
+    assert row.written == written
+    assert report.ok, f"missing {row.missing[:20]}"
+    assert row.extra_records <= crashes * batch, f"{row.extra_records} duplicates"
+    if crashes == 0:
+        assert row.duplicated == {}
+    return row
+
+
+async def judged(
+    settings: Settings, stream: str, total: int, timeout_s: float
+) -> list[dict[str, Any]]:
+    """Every verdict about ``stream``, once each of its ``total`` entries has a final one."""
+    found: list[dict[str, Any]] = []
+
+    async def every_entry() -> bool:
+        nonlocal found
+        found = await read_verdicts(settings, {stream}, expected=total, timeout_s=10)
+        return len({v["entry_id"] for v in found if v["verdict"] != "duplicate"}) >= total
+
+    await wait_until(every_entry, f"a verdict for each of {total} entries", timeout_s, 1.0)
+    return found
+
+
+def assert_one_verdict_each(verdicts: list[dict[str, Any]], ids: list[str]) -> Counter[str]:
+    """Each entry has exactly one final verdict (none lost, none repeated), and all match."""
+    finals = [v for v in verdicts if v["verdict"] != "duplicate"]
+    per_entry = Counter(v["entry_id"] for v in finals)
+    assert set(per_entry) == set(ids), f"{len(set(ids) - set(per_entry))} entries without verdict"
+    repeated = {entry: n for entry, n in per_entry.items() if n > 1}
+    assert not repeated, f"verdicts repeated for {list(repeated)[:10]}"
+    odd = [(v["verdict"], v["differences"]) for v in finals if v["verdict"] != "match"][:3]
+    assert not odd, odd
+    return Counter(v["verdict"] for v in verdicts)
