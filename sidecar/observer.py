@@ -318,6 +318,10 @@ class PrimaryObserver(Lifecycle):
             return
         try:
             await self._on_delivery(record)
+        except SidecarError as exc:
+            if exc.retriable:
+                raise  # Valkey or Kafka away: the round fails once, not once per delivery
+            logger.error("on_delivery failed for %s %s: %s", record.stream, record.entry_id, exc)
         except Exception:
             logger.exception("on_delivery failed for %s %s", record.stream, record.entry_id)
 

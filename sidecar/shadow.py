@@ -170,6 +170,11 @@ class ShadowConsumer(Lifecycle):
             if running:
                 done, _ = await asyncio.wait(running)
                 self.stats.in_flight = 0
+                for task in done:
+                    # Retrieved so that none is reported as "never retrieved": after a loop
+                    # failure the others in hand usually fail of the same cause.
+                    if not task.cancelled() and task.exception() is not None:
+                        logger.debug("a task in hand failed too: %s", task.exception())
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat

@@ -1,18 +1,108 @@
-"""A Kafka broker killed with -9 and restarted on the same data loses no acknowledged record."""
+"""Kafka faults: the broker killed with -9 or away for longer than the producer's request
+timeout, while the whole sidecar runs and RAGFlow works; then restarted on the same data."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import time
+from pathlib import Path
 
 import pytest
+import valkey.asyncio as avalkey
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from sidecar.errors import SidecarError
 from sidecar.local_stack import LocalKafka
+from sidecar.mirror import Mirror
 from sidecar.mq import KafkaConsumer, KafkaProducer, OutgoingMessage
 from sidecar.settings import Settings
+from sidecar.topics import init_topics
+from tests.faults.support import (
+    FaultRow,
+    SidecarProcess,
+    assert_one_verdict_each,
+    assert_ragflow_untouched,
+    assert_reconciled,
+    judged,
+    produce,
+    ragflow_worker,
+    sidecar_env,
+    wait_until,
+)
+from tests.mirror_support import RAGFLOW_GROUP, ragflow_tasks, read_mirrored
+from tests.shadow_support import read_verdicts
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(420)]
+
+BATCH = 100
+REQUEST_TIMEOUT_MS = 2000
+MIRROR_GROUP = "ragflow_kafka_mirror"  # the default MIRROR_GROUP
+
+
+@pytest.mark.parametrize("fault", ["kill -9", "outage"])
+async def test_whole_sidecar_through_a_broker_fault(
+    settings: Settings,
+    valkey_client: avalkey.Valkey,
+    unique: str,
+    own_broker: LocalKafka,
+    tmp_path: Path,
+    fault_table: list[FaultRow],
+    fault: str,
+) -> None:
+    """``kill -9``: the broker dies and is started again at once on the same data dir.
+    ``outage``: the broker is stopped for four request timeouts, then started again."""
+    own = Settings.from_env(
+        {
+            "REDIS_URL": f"redis://{settings.redis.host}:{settings.redis.port}/1",
+            "KAFKA_BOOTSTRAP_SERVERS": own_broker.bootstrap_servers,
+            "MIRROR_STREAMS": unique,
+            "SHADOW_GROUP": f"shadow-{unique}",
+        }
+    )
+    await init_topics(own.kafka)
+    total = 3000
+    await valkey_client.xgroup_create(unique, RAGFLOW_GROUP, id="0", mkstream=True)
+    env = sidecar_env(
+        f"redis://{settings.redis.host}:{settings.redis.port}/1",
+        own_broker.bootstrap_servers,
+        unique,
+        unique,
+        KAFKA_REQUEST_TIMEOUT_MS=str(REQUEST_TIMEOUT_MS),
+    )
+    worker = asyncio.create_task(ragflow_worker(valkey_client, unique, total))
+    producer = asyncio.create_task(produce(valkey_client, unique, total, pause_s=0.2))
+    with SidecarProcess(["run"], env, tmp_path / "sidecar.log") as sidecar:
+        await wait_until(lambda: _has_verdicts(own, unique), "the first verdicts", 120, 1.0)
+        if fault == "kill -9":
+            await asyncio.to_thread(own_broker.kill)
+        else:
+            await asyncio.to_thread(own_broker.stop)
+            await asyncio.sleep(4 * REQUEST_TIMEOUT_MS / 1000)
+        await asyncio.to_thread(own_broker.start)
+        restarted = time.monotonic()
+        ids = await producer
+        verdicts = await judged(own, unique, total, timeout_s=240)
+        recover_s = time.monotonic() - restarted
+        assert sidecar.stop() == 0
+    log = (tmp_path / "sidecar.log").read_text()
+    kinds = assert_one_verdict_each(verdicts, ids)
+    row = await assert_reconciled(own, unique, total, crashes=1, batch=BATCH)
+    await assert_ragflow_untouched(valkey_client, unique, await worker, ids)
+    fault_table.append(
+        FaultRow(
+            f"Kafka broker {fault} mid-stream",
+            total,
+            len(row.missing),
+            row.extra_records,
+            recover_s,
+            f"verdicts {dict(kinds)}, in-process restarts {log.count('starting again in')}",
+        )
+    )
+
+
+async def _has_verdicts(settings: Settings, stream: str) -> bool:
+    return bool(await read_verdicts(settings, {stream}, expected=1, timeout_s=2))
 
 
 async def test_kill_9_and_restart_keeps_every_acknowledged_record(own_broker: LocalKafka) -> None:
@@ -51,3 +141,56 @@ async def test_kill_9_and_restart_keeps_every_acknowledged_record(own_broker: Lo
                 break
     assert set(seen) == acknowledged
     assert len(seen) == len(acknowledged)  # and nothing twice
+
+
+async def test_nothing_is_acked_in_redis_while_kafka_is_away(
+    settings: Settings, valkey_client: avalkey.Valkey, unique: str, own_broker: LocalKafka
+) -> None:
+    """Broker stopped, entries keep coming: nothing is acked until Kafka has it; then resume."""
+    s = Settings.from_env(
+        {
+            "REDIS_URL": f"redis://{settings.redis.host}:{settings.redis.port}/1",
+            "KAFKA_BOOTSTRAP_SERVERS": own_broker.bootstrap_servers,
+            "KAFKA_REQUEST_TIMEOUT_MS": "2000",
+            "KAFKA_LINGER_MS": "1",
+            "MIRROR_STREAMS": unique,
+            "MIRROR_START": "earliest",
+            "MIRROR_BLOCK_MS": "100",
+        }
+    )
+    await init_topics(s.kafka)
+    tasks = ragflow_tasks(300)
+
+    stop = asyncio.Event()
+    async with Mirror(s) as mirror:
+        running = asyncio.create_task(mirror.run(stop))
+        try:
+            for task in tasks[:100]:
+                await valkey_client.xadd(unique, {"message": json.dumps(task)})
+
+            async def mirrored(n: int) -> bool:
+                return sum(mirror.stats.mirrored.values()) >= n
+
+            await wait_until(lambda: mirrored(100), "the first 100", 60)
+            await asyncio.to_thread(own_broker.stop)
+            for task in tasks[100:]:
+                await valkey_client.xadd(unique, {"message": json.dumps(task)})
+
+            async def retrying() -> bool:
+                return mirror.stats.produce_retries >= 2
+
+            await wait_until(retrying, "produce retries", 60)
+            pending = (await valkey_client.xpending(unique, MIRROR_GROUP))["pending"]
+            assert pending > 0  # read, not in Kafka, so not acked
+            assert sum(mirror.stats.mirrored.values()) == 100
+            # Everything read since is pending (a prefetched batch is read but not yet counted).
+            assert pending >= mirror.stats.read - 100
+
+            await asyncio.to_thread(own_broker.start)
+            await wait_until(lambda: mirrored(300), "recovery after Kafka returned", 120)
+        finally:
+            stop.set()
+            await running
+    assert (await valkey_client.xpending(unique, MIRROR_GROUP))["pending"] == 0
+    found = await read_mirrored(s, {unique}, 300)
+    assert len({m.headers["x-redis-id"] for m in found}) == 300

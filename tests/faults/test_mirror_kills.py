@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import random
 import signal
@@ -11,18 +10,15 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 import valkey.asyncio as avalkey
 
 from sidecar.lag import stream_lag
-from sidecar.local_stack import LocalKafka
-from sidecar.mirror import Mirror
 from sidecar.settings import Settings
 from sidecar.topics import init_topics
-from tests.mirror_support import ragflow_tasks, read_mirrored, stream_in
+from tests.mirror_support import read_mirrored, stream_in
 
 pytestmark = pytest.mark.faults
 
@@ -147,64 +143,3 @@ async def test_two_instances_one_killed_the_other_takes_over(
         c["name"]: c["pending"] for c in await valkey_client.xinfo_consumers(unique, GROUP)
     }
     assert consumers.get(b"m1", 0) == 0
-
-
-async def test_kafka_outage_longer_than_the_request_timeout(
-    settings: Settings, valkey_client: avalkey.Valkey, unique: str, own_broker: LocalKafka
-) -> None:
-    """Broker stopped, entries keep coming: nothing is acked until Kafka has it; then resume."""
-    s = Settings.from_env(
-        {
-            "REDIS_URL": f"redis://{settings.redis.host}:{settings.redis.port}/1",
-            "KAFKA_BOOTSTRAP_SERVERS": own_broker.bootstrap_servers,
-            "KAFKA_REQUEST_TIMEOUT_MS": "2000",
-            "KAFKA_LINGER_MS": "1",
-            "MIRROR_STREAMS": unique,
-            "MIRROR_START": "earliest",
-            "MIRROR_BLOCK_MS": "100",
-        }
-    )
-    await init_topics(s.kafka)
-    tasks = ragflow_tasks(300)
-
-    async def wait_for(
-        condition: Callable[[], Awaitable[bool]], what: str, timeout_s: float
-    ) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not await condition():
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            await asyncio.sleep(0.05)
-
-    stop = asyncio.Event()
-    async with Mirror(s) as mirror:
-        running = asyncio.create_task(mirror.run(stop))
-        try:
-            for task in tasks[:100]:
-                await valkey_client.xadd(unique, {"message": json.dumps(task)})
-
-            async def mirrored(n: int) -> bool:
-                return sum(mirror.stats.mirrored.values()) >= n
-
-            await wait_for(lambda: mirrored(100), "the first 100", 60)
-            await asyncio.to_thread(own_broker.stop)
-            for task in tasks[100:]:
-                await valkey_client.xadd(unique, {"message": json.dumps(task)})
-
-            async def retrying() -> bool:
-                return mirror.stats.produce_retries >= 2
-
-            await wait_for(retrying, "produce retries", 60)
-            pending = (await valkey_client.xpending(unique, GROUP))["pending"]
-            assert pending > 0  # read, not in Kafka, so not acked
-            assert sum(mirror.stats.mirrored.values()) == 100
-            # Everything read since is pending (a prefetched batch is read but not yet counted).
-            assert pending >= mirror.stats.read - 100
-
-            await asyncio.to_thread(own_broker.start)
-            await wait_for(lambda: mirrored(300), "recovery after Kafka returned", 120)
-        finally:
-            stop.set()
-            await running
-    assert (await valkey_client.xpending(unique, GROUP))["pending"] == 0
-    found = await read_mirrored(s, {unique}, 300)
-    assert len({m.headers["x-redis-id"] for m in found}) == 300

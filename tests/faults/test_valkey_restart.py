@@ -1,0 +1,108 @@
+"""Valkey (AOF on) restarted under a running sidecar: it rides the restart out in-process and
+loses nothing, and RAGFlow's group is as RAGFlow left it."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import valkey.asyncio as avalkey
+
+from sidecar.local_stack import LocalValkey
+from sidecar.settings import Settings
+from sidecar.topics import init_topics
+from tests.conftest import free_port
+from tests.faults.support import (
+    FaultRow,
+    SidecarProcess,
+    assert_one_verdict_each,
+    assert_ragflow_untouched,
+    assert_reconciled,
+    judged,
+    produce,
+    ragflow_worker,
+    sidecar_env,
+    wait_until,
+)
+from tests.mirror_support import RAGFLOW_GROUP
+
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(420)]
+
+BATCH = 100
+
+
+@pytest.fixture
+def aof_valkey(tmp_path: Path) -> Iterator[LocalValkey]:
+    """A Valkey of this test's own, persisting to an append-only file."""
+    server = LocalValkey(tmp_path / "valkey-aof", free_port(), aof=True)
+    server.start()
+    yield server
+    server.stop()
+    shutil.rmtree(tmp_path / "valkey-aof", ignore_errors=True)
+
+
+async def test_valkey_restarted_with_aof_mid_stream(
+    settings: Settings,
+    aof_valkey: LocalValkey,
+    unique: str,
+    tmp_path: Path,
+    fault_table: list[FaultRow],
+) -> None:
+    await init_topics(settings.kafka)
+    own = Settings.from_env(
+        {
+            "REDIS_URL": aof_valkey.url,
+            "KAFKA_BOOTSTRAP_SERVERS": ",".join(settings.kafka.bootstrap_servers),
+            "MIRROR_STREAMS": unique,
+            "SHADOW_GROUP": f"shadow-{unique}",
+        }
+    )
+    total = 4000
+    client = avalkey.Valkey(**own.redis.client_kwargs(), decode_responses=False)
+    try:
+        await client.xgroup_create(unique, RAGFLOW_GROUP, id="0", mkstream=True)
+        env = sidecar_env(
+            aof_valkey.url, ",".join(settings.kafka.bootstrap_servers), unique, unique
+        )
+        worker = asyncio.create_task(ragflow_worker(client, unique, total))
+        with SidecarProcess(["run"], env, tmp_path / "sidecar.log") as sidecar:
+            # Half of it as a backlog, so the sidecar is busy with it when Valkey goes away.
+            ids = await produce(client, unique, total // 2, chunk=500, pause_s=0.0)
+            await wait_until(
+                lambda: _mirrored_some(client, unique), "the mirror to start", timeout_s=120
+            )
+            await asyncio.to_thread(aof_valkey.stop)  # SHUTDOWN: the AOF is flushed
+            await asyncio.sleep(2.0)  # Valkey away for a while, as in a real restart
+            await asyncio.to_thread(aof_valkey.start)
+            restarted = time.monotonic()
+            ids += await produce(client, unique, total - total // 2, pause_s=0.05)
+            verdicts = await judged(own, unique, total, timeout_s=240)
+            recover_s = time.monotonic() - restarted
+            assert sidecar.stop() == 0
+        log = (tmp_path / "sidecar.log").read_text()
+        assert "starting again in" in log  # it noticed, and restarted in-process
+        kinds = assert_one_verdict_each(verdicts, ids)
+        row = await assert_reconciled(own, unique, total, crashes=1, batch=BATCH)
+        await assert_ragflow_untouched(client, unique, await worker, ids)
+    finally:
+        await client.aclose()
+    fault_table.append(
+        FaultRow(
+            "Valkey restart (AOF) mid-stream",
+            total,
+            len(row.missing),
+            row.extra_records,
+            recover_s,
+            f"verdicts {dict(kinds)}, in-process restarts {log.count('starting again in')}",
+        )
+    )
+
+
+async def _mirrored_some(client: avalkey.Valkey, stream: str) -> bool:
+    groups = {g["name"].decode(): g for g in await client.xinfo_groups(stream)}
+    mirror = next((g for name, g in groups.items() if name.startswith("mirror-")), None)
+    return mirror is not None and int(mirror.get("entries-read") or 0) > 0
