@@ -387,6 +387,9 @@ def _int_or_none(text: str | None) -> int | None:
 
 
 def _raise_failures(done: set[asyncio.Task[None]]) -> None:
-    for task in done:
-        if not task.cancelled() and task.exception() is not None:
-            raise task.exception()  # type: ignore[misc]
+    """Raise the first failure among ``done``; every one is retrieved, so that asyncio does
+    not report the others as never retrieved."""
+    failures = [task.exception() for task in done if not task.cancelled()]
+    first = next((failure for failure in failures if failure is not None), None)
+    if first is not None:
+        raise first
