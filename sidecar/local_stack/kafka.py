@@ -4,6 +4,10 @@ The jars are fetched once into a cache with ``mvn dependency:copy-dependencies``
 ``pom.xml`` beside this file and run with the machine's Java (17 or newer) as ``kafka.Kafka``.
 The data directory is formatted on first start only, so the broker survives a stop/start and a
 ``kill -9`` followed by a start on the same data.
+
+With ``sasl_ssl_port``, the broker also listens there with SASL_SSL: TLS with a throwaway
+certificate (:mod:`sidecar.local_stack.tls`, made afresh at each start) and SCRAM-SHA-512 for
+one user, created when the storage is formatted. The PLAINTEXT listener stays, for the tooling.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import contextlib
 import fcntl
 import os
 import re
+import secrets
 import shutil
 import socket
 import subprocess
@@ -27,10 +32,13 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from sidecar.errors import LocalStackError
 from sidecar.local_stack.process import ManagedProcess
+from sidecar.local_stack.tls import TlsFiles, make_tls_files, tls_files
 
 DEFAULT_KAFKA_VERSION = "4.4.0"
 POM = Path(__file__).with_name("pom.xml")
 MIN_JAVA = 17
+SCRAM_MECHANISM = "SCRAM-SHA-512"
+SCRAM_USERNAME = "ragflow-sidecar"
 
 
 def cache_root() -> Path:
@@ -111,9 +119,12 @@ class LocalKafka:
         controller_port: int,
         version: str = DEFAULT_KAFKA_VERSION,
         heap_mb: int = 768,
+        *,
+        sasl_ssl_port: int | None = None,
     ) -> None:
         self.root = root
         self.port = port
+        self.sasl_ssl_port = sasl_ssl_port
         self.controller_port = controller_port
         self.version = version
         self.heap_mb = heap_mb
@@ -121,20 +132,57 @@ class LocalKafka:
         self.data_dir = self.home / "data"
         self.server_log = root / "logs" / "kafka-server.log"
         self.process = ManagedProcess("kafka", root / "kafka.pid", root / "logs" / "kafka.out")
+        self.tls: TlsFiles = tls_files(self.home / "tls")
+        self.sasl_username = SCRAM_USERNAME
+        # Written when the storage is formatted with the SCRAM user, readable by us only.
+        self.sasl_password_file = self.home / "sasl-password"
 
     @property
     def bootstrap_servers(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def secured_bootstrap_servers(self) -> str:
+        """The SASL_SSL listener's address (only with ``sasl_ssl_port``)."""
+        if self.sasl_ssl_port is None:
+            raise LocalStackError("this broker was configured without a SASL_SSL listener")
+        return f"127.0.0.1:{self.sasl_ssl_port}"
+
+    def sasl_password(self) -> str:
+        """The SCRAM user's password, made when the storage was formatted."""
+        try:
+            return self.sasl_password_file.read_text().strip()
+        except OSError as exc:
+            raise LocalStackError(f"no SCRAM password at {self.sasl_password_file}") from exc
+
+    def secured_client_env(self) -> dict[str, str]:
+        """The sidecar's variables for the SASL_SSL listener (the password included)."""
+        return {
+            "KAFKA_BOOTSTRAP_SERVERS": self.secured_bootstrap_servers,
+            "KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+            "KAFKA_SASL_MECHANISM": SCRAM_MECHANISM,
+            "KAFKA_SASL_USERNAME": self.sasl_username,
+            "KAFKA_SASL_PASSWORD": self.sasl_password(),
+            "KAFKA_SSL_CAFILE": str(self.tls.ca_file),
+        }
 
     def start(self, timeout_s: float = 90.0) -> None:
         """Fetch the jars if needed, format storage on first start, start, wait for metadata."""
         if self.process.pid() is None:
             libs = fetch_kafka_jars(self.version)
             java = java_binary()
+            if self.sasl_ssl_port is not None:
+                make_tls_files(self.tls.ca_file.parent)
             self._write_config()
             classpath = f"{libs}/*"
             if not (self.data_dir / "meta.properties").exists():
                 self._format(java, classpath)
+            elif self.sasl_ssl_port is not None and not self.sasl_password_file.exists():
+                # SCRAM users are made at format time; this storage was formatted without one.
+                raise LocalStackError(
+                    f"the Kafka data in {self.data_dir} was formatted without the SCRAM user; "
+                    "stop the stack and remove its directory to start it secured"
+                )
             self.process.start(
                 [
                     java,
@@ -148,16 +196,28 @@ class LocalKafka:
 
     def _format(self, java: str, classpath: str) -> None:
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        scram: list[str] = []
+        if self.sasl_ssl_port is not None:
+            # URL-safe characters only: the tool's [name=...,password=...] syntax has no quoting.
+            password = secrets.token_urlsafe(24)
+            self.sasl_password_file.touch(mode=0o600)
+            self.sasl_password_file.write_text(password + "\n")
+            scram = [
+                "--add-scram",
+                f"{SCRAM_MECHANISM}=[name={self.sasl_username},password={password}]",
+            ]
         result = subprocess.run(
             [
                 java, "-Xmx256m", f"-Dlog4j2.configurationFile={self.home / 'log4j2.properties'}",
                 "-cp", classpath, "kafka.tools.StorageTool", "format",
                 # "=" form: a base64 id may start with "-" and read as an option.
                 f"--cluster-id={cluster_id}", "--config", str(self.home / "server.properties"),
+                *scram,
             ],
             capture_output=True, text=True, check=False,
         )  # fmt: skip
         if result.returncode != 0:
+            self.sasl_password_file.unlink(missing_ok=True)
             raise LocalStackError(f"kafka storage format failed: {result.stderr.strip()[-800:]}")
 
     def _write_config(self) -> None:
@@ -186,6 +246,7 @@ class LocalKafka:
             "share.coordinator.state.topic.min.isr": "1",
             "group.initial.rebalance.delay.ms": "0",
             "log.retention.hours": "168",
+            **self._secured_properties(),
         }
         (self.home / "server.properties").write_text(
             "".join(f"{key}={value}\n" for key, value in properties.items())
@@ -201,6 +262,34 @@ class LocalKafka:
             "rootLogger.appenderRef.file.ref = file\n"
             "logger.kafka.name = org.apache.kafka\nlogger.kafka.level = INFO\n"
         )
+
+    def _secured_properties(self) -> dict[str, str]:
+        """The SASL_SSL listener beside the PLAINTEXT one (brokers and controller stay on it)."""
+        if self.sasl_ssl_port is None:
+            return {}
+        prefix = "listener.name.sasl_ssl."
+        return {
+            "listeners": (
+                f"PLAINTEXT://127.0.0.1:{self.port},SASL_SSL://127.0.0.1:{self.sasl_ssl_port},"
+                f"CONTROLLER://127.0.0.1:{self.controller_port}"
+            ),
+            "advertised.listeners": (
+                f"PLAINTEXT://127.0.0.1:{self.port},SASL_SSL://127.0.0.1:{self.sasl_ssl_port}"
+            ),
+            "listener.security.protocol.map": (
+                "PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT"
+            ),
+            "sasl.enabled.mechanisms": SCRAM_MECHANISM,
+            f"{prefix}sasl.enabled.mechanisms": SCRAM_MECHANISM,
+            # The broker side of SCRAM needs no credentials of its own: it checks the clients'
+            # against the users stored in the metadata log.
+            f"{prefix}{SCRAM_MECHANISM.lower()}.sasl.jaas.config": (
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+            ),
+            f"{prefix}ssl.keystore.type": "PEM",
+            f"{prefix}ssl.keystore.location": str(self.tls.keystore),
+            f"{prefix}ssl.client.auth": "none",
+        }
 
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -20,6 +21,9 @@ class StackConfig:
     kafka_controller_port: int = 19093
     valkey_aof: bool = False
     kafka_version: str = DEFAULT_KAFKA_VERSION
+    # --secured: a SASL_SSL (SCRAM-SHA-512) listener on this port beside the PLAINTEXT one.
+    kafka_secured: bool = False
+    kafka_sasl_ssl_port: int = 19094
 
 
 @dataclass(frozen=True)
@@ -38,7 +42,11 @@ class LocalStack:
         root = config.root.resolve()
         self.valkey = LocalValkey(root, config.valkey_port, aof=config.valkey_aof)
         self.kafka = LocalKafka(
-            root, config.kafka_port, config.kafka_controller_port, version=config.kafka_version
+            root,
+            config.kafka_port,
+            config.kafka_controller_port,
+            version=config.kafka_version,
+            sasl_ssl_port=config.kafka_sasl_ssl_port if config.kafka_secured else None,
         )
         self._state_file = root / "stack.json"
 
@@ -84,8 +92,23 @@ class LocalStack:
         ]
 
     def exports(self) -> str:
-        """Shell lines that point the sidecar at this stack."""
+        """Shell lines that point the sidecar at this stack (its secured listener if it has one).
+
+        The SCRAM password is read from its file when the lines are eval'd, so it is never
+        printed.
+        """
+        if not self.config.kafka_secured:
+            return (
+                f"export REDIS_URL={self.valkey.url}\n"
+                f"export KAFKA_BOOTSTRAP_SERVERS={self.kafka.bootstrap_servers}\n"
+            )
+        kafka = self.kafka
         return (
             f"export REDIS_URL={self.valkey.url}\n"
-            f"export KAFKA_BOOTSTRAP_SERVERS={self.kafka.bootstrap_servers}\n"
+            f"export KAFKA_BOOTSTRAP_SERVERS={kafka.secured_bootstrap_servers}\n"
+            "export KAFKA_SECURITY_PROTOCOL=SASL_SSL\n"
+            "export KAFKA_SASL_MECHANISM=SCRAM-SHA-512\n"
+            f"export KAFKA_SASL_USERNAME={kafka.sasl_username}\n"
+            f'export KAFKA_SASL_PASSWORD="$(cat {shlex.quote(str(kafka.sasl_password_file))})"\n'
+            f"export KAFKA_SSL_CAFILE={shlex.quote(str(kafka.tls.ca_file))}\n"
         )

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka import errors as kafka_errors
+from aiokafka.conn import create_conn
 
 from sidecar.errors import (
     AuthenticationError,
@@ -76,6 +78,50 @@ def translate_kafka_errors(action: str, where: str) -> Iterator[None]:
 
 def _where(settings: KafkaSettings) -> str:
     return ",".join(settings.bootstrap_servers)
+
+
+async def check_login(settings: KafkaSettings) -> None:
+    """Raise :class:`AuthenticationError` if Kafka refuses our TLS or SASL login.
+
+    aiokafka only logs why its bootstrap connections failed (refused credentials, a certificate
+    not signed by the CA) and raises a connection error that looks like a broker that is down,
+    which a supervisor would retry forever. One connection made by hand before the clients start
+    tells the two apart. A broker that is really unreachable is left to the clients to report.
+    """
+    if settings.security_protocol == "PLAINTEXT":
+        return
+    options = settings.client_kwargs()
+    action = "log in"
+    if settings.security_protocol.startswith("SASL_"):
+        action += f" as {settings.sasl_username!r} with {settings.sasl_mechanism}"
+    for server in settings.bootstrap_servers:
+        host, _, port = server.rpartition(":")
+        try:
+            connection = await create_conn(
+                host,
+                int(port),
+                client_id=settings.client_id,
+                request_timeout_ms=settings.request_timeout_ms,
+                ssl_context=options.get("ssl_context"),
+                security_protocol=settings.security_protocol,
+                sasl_mechanism=options.get("sasl_mechanism"),
+                sasl_plain_username=options.get("sasl_plain_username"),
+                sasl_plain_password=options.get("sasl_plain_password"),
+            )
+        except ssl.SSLError as exc:
+            raise AuthenticationError(
+                f"Kafka at {server}: TLS handshake failed ({exc.reason or exc}); "
+                "is KAFKA_SSL_CAFILE the CA that signed the broker's certificate?"
+            ) from exc
+        except kafka_errors.KafkaError as exc:
+            translated = translate_kafka_error(exc, action, server)
+            if not translated.retriable:
+                raise translated from exc
+        except (OSError, TimeoutError):
+            continue
+        else:
+            connection.close()
+            return  # one broker accepted us; the others hold the same users
 
 
 class KafkaProducer(MessageQueueProducer):
@@ -255,7 +301,7 @@ class KafkaConsumer(MessageQueueConsumer):
         self._redeliveries = DelayedRedeliveries()
         if consumer is not None:
             with translate_kafka_errors("stop the consumer", self._where):
-                await consumer.stop()
+                await _stop_consumer(consumer)
 
     async def poll_batch(self, max_records: int, timeout_ms: int) -> list[QueueMessage]:
         if self._consumer is None:
@@ -423,3 +469,15 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         logger.info("assigned %s", sorted(f"{tp.topic}[{tp.partition}]" for tp in assigned))
+
+
+async def _stop_consumer(consumer: AIOKafkaConsumer) -> None:
+    """``consumer.stop()``, minus the CancelledError aiokafka lets out of a fetch it cancels
+    while the broker is away; a cancellation of our own still propagates."""
+    try:
+        await consumer.stop()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        logger.debug("the consumer's fetcher was cancelled while stopping")

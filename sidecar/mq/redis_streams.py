@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -50,6 +51,24 @@ def create_client(settings: RedisSettings, **overrides: Any) -> valkey.Valkey:
     return valkey.Valkey(**options)
 
 
+# valkey-py prefixes an error in a pipeline with the whole command, arguments and all: task
+# bytes and join facts, kilobytes of them, that must not end up in an error line or a log.
+_PIPELINE_ERROR = re.compile(
+    r"^Command # \d+ \((?P<command>\S+).*?\) of pipeline caused error: (?P<error>.*)$", re.S
+)
+
+
+def _reason(exc: valkey_errors.ValkeyError) -> str:
+    """The server's error, without the arguments valkey-py adds to one from a pipeline."""
+    text = str(exc)
+    match = _PIPELINE_ERROR.match(text)
+    if match is None:
+        return text
+    # The error can come as the repr of a one-element tuple: ("...",).
+    error = match["error"].strip("\"'(),")
+    return f"{match['command']} in a pipeline: {error}"
+
+
 @contextmanager
 def translate_valkey_errors(action: str, where: str) -> Iterator[None]:
     """Turn valkey-py's exceptions into the sidecar's, naming what was being done."""
@@ -57,14 +76,20 @@ def translate_valkey_errors(action: str, where: str) -> Iterator[None]:
         yield
     except (valkey_errors.AuthenticationError, valkey_errors.AuthorizationError) as exc:
         raise AuthenticationError(f"Valkey at {where} refused our credentials: {exc}") from exc
-    except valkey_errors.NoPermissionError as exc:
-        raise AuthenticationError(
-            f"Valkey at {where}: the user may not {action} ({exc}); see the ACL in the docs"
-        ) from exc
-    except (valkey_errors.ConnectionError, valkey_errors.TimeoutError, OSError) as exc:
-        raise ServiceUnavailableError(f"cannot reach Valkey at {where} to {action}: {exc}") from exc
     except valkey_errors.ValkeyError as exc:
-        raise MessageQueueError(f"Valkey at {where} failed to {action}: {exc}") from exc
+        reason = _reason(exc)
+        # A command refused inside a Lua script comes back as a plain error, not NOPERM.
+        if isinstance(exc, valkey_errors.NoPermissionError) or "ACL failure" in reason:
+            raise AuthenticationError(
+                f"Valkey at {where}: the user may not {action} ({reason}); see docs/security.md"
+            ) from exc
+        if isinstance(exc, valkey_errors.ConnectionError | valkey_errors.TimeoutError):
+            raise ServiceUnavailableError(
+                f"cannot reach Valkey at {where} to {action}: {reason}"
+            ) from exc
+        raise MessageQueueError(f"Valkey at {where} failed to {action}: {reason}") from exc
+    except OSError as exc:
+        raise ServiceUnavailableError(f"cannot reach Valkey at {where} to {action}: {exc}") from exc
 
 
 async def ping(settings: RedisSettings) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 
 import valkey.asyncio as avalkey
 from valkey.exceptions import ConnectionError as ValkeyConnectionError
+from valkey.exceptions import TimeoutError as ValkeyTimeoutError
 
 from sidecar.reconcile import StreamReconciliation, reconcile, render_report
 from sidecar.samples import ragflow_tasks
@@ -176,8 +177,10 @@ async def ragflow_worker(
                 for entry_id, _fields in entries:
                     handled[entry_id.decode()] += 1
                     await client.xack(stream, RAGFLOW_GROUP, entry_id)
-        except ValkeyConnectionError:
-            await asyncio.sleep(0.2)  # Valkey restarting: RAGFlow's executor retries too
+        except (ValkeyConnectionError, ValkeyTimeoutError):
+            # Valkey restarting, or too busy to accept a connection: RAGFlow's executor
+            # retries too.
+            await asyncio.sleep(0.2)
     return handled
 
 
