@@ -139,30 +139,40 @@ class Sidecar(Lifecycle):
         if self.shadow is not None:
             # A shadow starting at "latest" must be positioned before the mirror produces.
             await self.shadow.pin_start()
+        # The loops watch ``halt``, set by ``stop`` or by the first loop to die. The task
+        # group's cancellation alone is not enough: a cancel that lands in valkey-py's
+        # connection check can be swallowed as a timeout, leaving a loop running for ever.
+        halt = asyncio.Event()
         try:
             async with asyncio.TaskGroup() as group:
+                group.create_task(_forward(stop, halt), name="stop-forwarder")
                 if self.mirror is not None:
-                    group.create_task(self._watched("mirror", self.mirror.run(stop)))
+                    group.create_task(self._watched("mirror", self.mirror.run(halt), halt))
                 if self.shadow is not None:
-                    group.create_task(self._watched("shadow", self.shadow.run(stop)))
+                    group.create_task(self._watched("shadow", self.shadow.run(halt), halt))
                 if self.observer is not None:
-                    group.create_task(self._watched("observer", self.observer.run(stop)))
-                group.create_task(self._watched("sweeper", self.judge.run_sweeper(stop)))
-                group.create_task(self._refresh_gauges(stop), name="metrics")
+                    group.create_task(self._watched("observer", self.observer.run(halt), halt))
+                group.create_task(self._watched("sweeper", self.judge.run_sweeper(halt), halt))
+                group.create_task(self._refresh_gauges(halt), name="metrics")
         except BaseExceptionGroup as group_error:
             # One component died: the CLI reports it as one error, as any other.
             first = group_error.exceptions[0]
             logger.error("a sidecar loop died: %s", first)
             raise first from group_error
 
-    async def _watched(self, name: str, loop: Coroutine[Any, Any, None]) -> None:
-        """Run one component's loop, keeping the health probes told of its state."""
+    async def _watched(
+        self, name: str, loop: Coroutine[Any, Any, None], halt: asyncio.Event
+    ) -> None:
+        """Run one component's loop, keeping the health probes told of its state; when it
+        dies, ``halt`` tells the others to stop."""
         self.health.set_running(name, True)
         try:
             await loop
         except BaseException as exc:
             self.health.set_died(name, repr(exc))
             raise
+        finally:
+            halt.set()  # a loop that ends (stop requested or not) ends the others too
         self.health.set_running(name, False)
 
     async def _refresh_gauges(self, stop: asyncio.Event) -> None:
@@ -205,3 +215,15 @@ class Sidecar(Lifecycle):
         }
         ref = EntryRef(delivery.stream, delivery.entry_id)
         await self.judge.record("primary", [Arrival(ref, json.dumps(facts).encode())])
+
+
+async def _forward(stop: asyncio.Event, halt: asyncio.Event) -> None:
+    """Set ``halt`` once ``stop`` is set, or end quietly when ``halt`` is set first."""
+    stopped = asyncio.create_task(stop.wait())
+    halted = asyncio.create_task(halt.wait())
+    try:
+        await asyncio.wait({stopped, halted}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        halted.cancel()
+    halt.set()
