@@ -118,6 +118,10 @@ class SidecarProcess:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Kill it if it still runs (a test that failed half-way leaves nothing behind)."""
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait()
