@@ -240,3 +240,18 @@ def assert_one_verdict_each(verdicts: list[dict[str, Any]], ids: list[str]) -> C
     odd = [(v["verdict"], v["differences"]) for v in finals if v["verdict"] != "match"][:3]
     assert not odd, odd
     return Counter(v["verdict"] for v in verdicts)
+
+
+_last_acked: dict[str, int] = {}
+
+
+async def acked_more(client: avalkey.Valkey, stream: str, group: str) -> bool:
+    """Whether the group has acked entries since the last call said so."""
+    info = next((g for g in await client.xinfo_groups(stream) if g["name"].decode() == group), None)
+    if info is None:
+        return False
+    acked = int(info.get("entries-read") or 0) - int(info["pending"])
+    if acked > _last_acked.get(stream, 0):
+        _last_acked[stream] = acked
+        return True
+    return False

@@ -17,6 +17,7 @@ from sidecar.topics import init_topics
 from tests.faults.support import (
     FaultRow,
     SidecarProcess,
+    acked_more,
     assert_ragflow_untouched,
     assert_reconciled,
     produce,
@@ -50,21 +51,6 @@ async def drained(client: avalkey.Valkey, stream: str, group: str, total: int) -
     if lag != 0 or await client.xlen(stream) != total:
         return False
     return bool((await client.xpending(stream, group))["pending"] == 0)
-
-
-_last_acked: dict[str, int] = {}
-
-
-async def acked_more(client: avalkey.Valkey, stream: str, group: str) -> bool:
-    """Whether the group has acked entries since the last call said so."""
-    info = next((g for g in await client.xinfo_groups(stream) if g["name"].decode() == group), None)
-    if info is None:
-        return False
-    acked = int(info.get("entries-read") or 0) - int(info["pending"])
-    if acked > _last_acked.get(stream, 0):
-        _last_acked[stream] = acked
-        return True
-    return False
 
 
 async def test_kill_9_five_times_while_50000_entries_stream_in(

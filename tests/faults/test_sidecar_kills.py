@@ -16,6 +16,7 @@ from sidecar.topics import init_topics
 from tests.faults.support import (
     FaultRow,
     SidecarProcess,
+    acked_more,
     assert_one_verdict_each,
     assert_ragflow_untouched,
     assert_reconciled,
@@ -23,6 +24,7 @@ from tests.faults.support import (
     produce,
     ragflow_worker,
     sidecar_env,
+    wait_until,
 )
 from tests.mirror_support import RAGFLOW_GROUP
 
@@ -53,7 +55,14 @@ async def test_kill_9_of_the_whole_sidecar_five_times(
     producer = asyncio.create_task(produce(valkey_client, unique, total, pause_s=0.25))
     with SidecarProcess(["run"], env, tmp_path / "sidecar.log") as sidecar:
         for _ in range(kills):
-            await asyncio.sleep(rng.uniform(1.5, 3.5))
+            # At a random moment once it is mirroring again, so that each kill hits work.
+            await wait_until(
+                lambda: acked_more(valkey_client, unique, f"mirror-{unique}"),
+                "the mirror to ack entries again",
+                timeout_s=120,
+                interval_s=0.05,
+            )
+            await asyncio.sleep(rng.uniform(0.0, 1.5))
             sidecar.restart()  # SIGKILL mid-batch, mid-verdict, with nothing committed
         restarted = time.monotonic()
         ids = await producer
