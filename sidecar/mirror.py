@@ -244,7 +244,9 @@ class Mirror(Lifecycle):
         priority = 1 if message.topic in self._priority_streams else 0
         route = self.routes.route(task, priority)
         if not route.known_type:
-            self.stats.unknown_task_types[route.task_type] += 1
+            # Bounded: hostile input can bring an endless run of distinct (and huge) types.
+            unknown, label = self.stats.unknown_task_types, route.task_type[:100]
+            unknown["(other)" if label not in unknown and len(unknown) >= 1000 else label] += 1
         if self._percent < 100 and not in_traffic_share(route.key, self._percent):
             self.stats.skipped["outside_share"] += 1
             return None
@@ -255,18 +257,27 @@ class Mirror(Lifecycle):
                 message.topic, priority
             )
         priority_header, source, retry_count, schema, redis_stream = stream_headers
-        headers = [
-            ("x-task-type", route.task_type.encode()),
-            ("x-task-id", task_id.encode()),
-            ("x-tenant-id", tenant.encode() if isinstance(tenant, str) else b""),
-            priority_header,
-            source,
-            ("x-timestamp", str(message.timestamp_ms).encode()),
-            retry_count,
-            schema,
-            redis_stream,
-            ("x-redis-id", message.id.encode()),
-        ]
+        try:
+            headers = [
+                ("x-task-type", route.task_type.encode()),
+                ("x-task-id", task_id.encode()),
+                ("x-tenant-id", tenant.encode() if isinstance(tenant, str) else b""),
+                priority_header,
+                source,
+                ("x-timestamp", str(message.timestamp_ms).encode()),
+                retry_count,
+                schema,
+                redis_stream,
+                ("x-redis-id", message.id.encode()),
+            ]
+            if not route.key.isascii():
+                route.key.encode()  # the producer encodes it; checked here, where it can be said
+        except UnicodeEncodeError as exc:
+            # A lone surrogate ("\ud800" in the JSON) has no UTF-8 form, and Kafka keys and
+            # headers are UTF-8 (RAGFlow's MySQL refuses it too). It used to stop the mirror.
+            bad = exc.object[exc.start : exc.end]
+            detail = f"a lone surrogate {bad!r} in the task's id, type, tenant or routing key"
+            return self._dead_letter(message, "not_unicode", detail)
         traceparent = message.header("traceparent")
         if trace is not None:
             traceparent = trace.send(message, route.topic, task_id, route.task_type, traceparent)
@@ -277,7 +288,16 @@ class Mirror(Lifecycle):
 
     def _dead_letter(self, message: QueueMessage, reason: str, detail: str) -> OutgoingMessage:
         # An entry without a 'message' field keeps its other fields, byte for byte, as headers.
-        fields = tuple((f"x-redis-field-{name}", value) for name, value in message.headers)
+        # Header names are UTF-8: a field name that is not (kept by surrogateescape) is named
+        # by its bytes' backslash escapes, as an unencodable name stopped the mirror.
+        fields = tuple(
+            (
+                "x-redis-field-"
+                + name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace"),
+                value,
+            )
+            for name, value in message.headers
+        )
         return dead_letter(
             reason=reason,
             detail=detail,

@@ -243,7 +243,17 @@ def _share_of(
     task_id = task.get("id")
     if not isinstance(task_id, str) or not task_id:
         return None
-    return in_traffic_share(routes.route(task, priority).key, percent)
+    route = routes.route(task, priority)
+    if not in_traffic_share(route.key, percent):
+        return False
+    tenant = task.get("tenant_id")
+    texts = (task_id, route.task_type, route.key, tenant if isinstance(tenant, str) else "")
+    try:
+        for text in texts:
+            text.encode()
+    except UnicodeEncodeError:
+        return None  # a lone surrogate: the mirror dead-letters it as not_unicode
+    return True
 
 
 class _KafkaMatcher:

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from typing import Any, Literal
 
 from comparators import OrderTracker
 from sidecar.control import value_sha
-from sidecar.dead_letter import dead_letter
+from sidecar.dead_letter import NAME_LIMIT, dead_letter
 from sidecar.errors import MessageDecodeError, SidecarError
 from sidecar.handlers import HandlerResult, NamedHandler, TaskMeta, load_handler, run_handler
 from sidecar.join import ALIVE_PREFIX, SEEN_PREFIX, Arrival, EntryRef
@@ -43,6 +44,7 @@ POLL_TIMEOUT_MS = 200
 # Offsets are committed this often: a commit per record would cap the shadow at the broker's
 # commit rate; a crash redelivers finished work, which dedup absorbs.
 COMMIT_INTERVAL_MS = 500
+_ENTRY_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 
 
 @dataclass
@@ -149,11 +151,11 @@ class ShadowConsumer(Lifecycle):
                 batch = await self._consumer.poll_batch(limit - len(running), POLL_TIMEOUT_MS)
                 self._serve_priority_first(batch)
                 for message in batch:
-                    # Order is judged in consumption order, before tasks run concurrently.
-                    violation = self._order.observe(
-                        str(message.key or b"", "utf-8", "replace"),
-                        header_text(message.headers, "x-redis-id") or "",
-                    )
+                    # Order is judged in consumption order, before tasks run concurrently. A
+                    # record naming no entry has no place in it (its id used to stop the loop).
+                    named = mirror_ref(message)
+                    key = str(message.key or b"", "utf-8", "replace")
+                    violation = self._order.observe(key, named.entry_id) if named else None
                     after = str(violation.right) if violation is not None else None
                     work = self._process(message, after, stop)
                     if self._tracing.enabled:
@@ -207,15 +209,13 @@ class ShadowConsumer(Lifecycle):
         """Process one record; ``out_of_order_after`` names a later entry of the same key
         that was consumed before this one (a per-key order violation, unless a duplicate)."""
         started_ms = int(time.time() * 1000)
-        stream = header_text(message.headers, "x-redis-stream")
-        entry_id = header_text(message.headers, "x-redis-id")
-        if stream is None or entry_id is None:
-            # Not put there by the mirror: it has no Redis counterpart, so it is judged
-            # missing_primary once the compare timeout passes.
-            stream, entry_id = f"kafka:{message.topic}", f"{message.partition}-{message.offset}"
-        ref = EntryRef(stream, entry_id)
+        ref = mirror_ref(message)
+        if ref is None:
+            # Not put there by the mirror (or its headers name no entry): it has no Redis
+            # counterpart, so it is judged missing_primary once the compare timeout passes.
+            ref = EntryRef(f"kafka:{message.topic}", f"{message.partition}-{message.offset}")
         try:
-            task = decode_task(message.value)
+            task = _decode_record(message.value)
         except MessageDecodeError as exc:
             await self._dead_letter(message, exc.reason, exc.detail, attempts=0)
             facts = self._facts(message, None, started_ms, ref)
@@ -297,7 +297,7 @@ class ShadowConsumer(Lifecycle):
         stop: asyncio.Event,
     ) -> tuple[HandlerResult, int]:
         shadow = self.settings.shadow
-        retry_count = int(header_text(message.headers, "x-retry-count") or 0)
+        retry_count = max(_int_or_none(header_text(message.headers, "x-retry-count")) or 0, 0)
         attempt = 0
         while True:
             attempt += 1
@@ -362,8 +362,8 @@ class ShadowConsumer(Lifecycle):
         started_ms: int,
         ref: EntryRef,
     ) -> dict[str, Any]:
-        enqueued = header_text(message.headers, "x-timestamp")
-        queue_wait_ms = started_ms - int(enqueued) if enqueued and enqueued.isdigit() else None
+        enqueued = _int_or_none(header_text(message.headers, "x-timestamp"))
+        queue_wait_ms = started_ms - enqueued if enqueued is not None else None
         facts = {
             "task_id": header_text(message.headers, "x-task-id")
             or (str(task.get("id")) if task else None),
@@ -383,7 +383,46 @@ class ShadowConsumer(Lifecycle):
 
 
 def _int_or_none(text: str | None) -> int | None:
-    return int(text) if text is not None and text.lstrip("-").isdigit() else None
+    """A header's integer, or ``None`` unless it is one: ``str.isdigit`` passes "²" and other
+    scripts' digits and ``int`` raises past 4300 digits, which used to stop the shadow."""
+    if text is None or len(text) > 20:
+        return None
+    digits = text.removeprefix("-")
+    return int(text) if digits.isascii() and digits.isdigit() else None
+
+
+def _decode_record(value: bytes | None) -> dict[str, Any]:
+    """A record's task, as :func:`decode_task` reads it, less what the shadow cannot handle."""
+    if value is None:
+        # A null value (a tombstone): "no 'message' field" would send the reader to Redis.
+        raise MessageDecodeError("no_value", "the record has no value (null)")
+    task = decode_task(value)
+    task_id = task.get("id")
+    if isinstance(task_id, str) and not task_id.isascii():
+        try:
+            task_id.encode()
+        except UnicodeEncodeError as exc:
+            # The cancel key is built from the id, and Valkey keys are UTF-8: it stopped the
+            # shadow. The mirror dead-letters such a task for the same reason.
+            bad = exc.object[exc.start : exc.end]
+            raise MessageDecodeError(
+                "not_unicode", f"a lone surrogate {bad!r} in the task's id"
+            ) from exc
+    return task
+
+
+def mirror_ref(message: QueueMessage) -> EntryRef | None:
+    """The stream entry a record names in ``x-redis-stream`` and ``x-redis-id`` (the last of
+    each), or ``None`` when it names none: absent, not UTF-8, or not a stream name and id."""
+    stream = message.header("x-redis-stream")
+    entry_id = message.header("x-redis-id")
+    if not stream or entry_id is None or len(stream) > NAME_LIMIT:
+        return None
+    try:
+        stream_text, id_text = stream.decode("utf-8"), entry_id.decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    return EntryRef(stream_text, id_text) if _ENTRY_ID.fullmatch(id_text) else None
 
 
 def _raise_failures(done: set[asyncio.Task[None]]) -> None:

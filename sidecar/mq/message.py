@@ -95,6 +95,10 @@ def decode_task(value: bytes | None) -> dict[str, Any]:
         raise MessageDecodeError("not_json", f"{exc.msg} at position {exc.pos}") from exc
     except RecursionError as exc:
         raise MessageDecodeError("not_json", "nesting too deep") from exc
+    except ValueError as exc:
+        # Valid JSON past a limit of Python's parser (RAGFlow's too): an integer of more than
+        # sys.get_int_max_str_digits() digits. Not caught, it stopped the mirror on the entry.
+        raise MessageDecodeError("not_json", f"beyond Python's JSON limits: {exc}") from exc
     if not isinstance(task, dict):
         raise MessageDecodeError("not_object", f"JSON {type(task).__name__}, not an object")
     return task
