@@ -47,6 +47,11 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def loadavg() -> str:
+    """The 1, 5 and 15 minute load averages: the machine may be shared, so each line has them."""
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
 def task() -> bytes:
     return encode_task(sample_parse_task())
 
@@ -199,7 +204,8 @@ async def main() -> None:
                         base, stream, args.entries, fast_partitioner=kind != "bare"
                     )
                 rates[kind].append(rate)
-                print(f"round {round_no + 1} {kind:16}: {rate:10,.0f} entries/s")
+                print(f"round {round_no + 1} {kind:16}: {rate:10,.0f} entries/s "
+                      f"(load {loadavg()})", flush=True)  # fmt: skip
         bare, fast, mirror = (max(rates[kind]) for kind in kinds)
         print(
             f"sustained: bare loop {bare:,.0f}/s, mirror {mirror:,.0f}/s, ratio {mirror / bare:.2f}"
@@ -215,13 +221,13 @@ async def main() -> None:
         await mirror_run(stack, "bench.backlog", args.backlog)
         drain_s = time.perf_counter() - started
         print(f"backlog: {args.backlog:,} entries drained in {drain_s:.1f} s "
-              f"({args.backlog / drain_s:,.0f}/s)")  # fmt: skip
+              f"({args.backlog / drain_s:,.0f}/s; load {loadavg()})", flush=True)  # fmt: skip
 
         samples = sorted(await latency(stack, args.rate, args.seconds))
         p50 = statistics.median(samples)
         p99 = samples[int(len(samples) * 0.99) - 1]
         print(f"latency at {args.rate}/s over {len(samples):,} tasks: p50 {p50:.0f} ms, "
-              f"p99 {p99:.0f} ms (XADD to Kafka ack)")  # fmt: skip
+              f"p99 {p99:.0f} ms (XADD to Kafka ack; load {loadavg()})")  # fmt: skip
     finally:
         stack.down()
         shutil.rmtree(root, ignore_errors=True)

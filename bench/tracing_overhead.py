@@ -45,6 +45,11 @@ MODES: dict[str, dict[str, str]] = {
 }
 
 
+def loadavg() -> str:
+    """The 1, 5 and 15 minute load averages: the machine may be shared, so each line has them."""
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -183,7 +188,7 @@ async def main() -> int:
                 print(
                     f"round {round_no + 1} tracing {mode:>4}: {verdict_rate:8,.0f} entries/s "
                     f"to verdicts, mirror {mirror_rate:8,.0f}/s, "
-                    f"{receiver.spans - spans_before:7,} spans exported",
+                    f"{receiver.spans - spans_before:7,} spans exported (load {loadavg()})",
                     flush=True,
                 )
         alone: dict[str, list[float]] = {mode: [] for mode in MODES}
@@ -198,7 +203,7 @@ async def main() -> int:
                 alone[mode].append(rate)
                 print(
                     f"round {round_no + 1} mirror alone, tracing {mode:>4}: {rate:8,.0f} entries/s,"
-                    f" {receiver.spans - spans_before:7,} spans exported",
+                    f" {receiver.spans - spans_before:7,} spans exported (load {loadavg()})",
                     flush=True,
                 )
         best = report(

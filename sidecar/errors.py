@@ -16,6 +16,9 @@ class SidecarError(Exception):
     """
 
     retriable: bool = False
+    # The client that raised it is in a state only a new client clears (an idempotent
+    # producer whose sequence numbers the broker no longer accepts).
+    needs_new_client: bool = False
 
 
 class ConfigError(SidecarError):
@@ -45,6 +48,14 @@ class RetriableMessageQueueError(MessageQueueError):
     """A produce or commit that failed for a passing reason (leader moved, timeout)."""
 
     retriable = True
+
+
+class ProducerStateLostError(MessageQueueError):
+    """The broker refuses the producer's idempotence state (sequence numbers out of order after
+    records expired in a long outage): the same records succeed from a new producer."""
+
+    retriable = True
+    needs_new_client = True
 
 
 class MessageTooLargeError(MessageQueueError):

@@ -2,8 +2,9 @@
 
 Each batch is read with XREADGROUP in ``MIRROR_GROUP`` (never RAGFlow's group), routed,
 produced to Kafka with ``acks=all``, and XACKed in the mirror's group only once Kafka has every
-record of it, so a crash anywhere re-mirrors (a duplicate) rather than loses. The next batch is
-not read until this one is in Kafka: that bounds memory while Kafka is away. Bad input goes to
+record of it, so a crash anywhere re-mirrors (a duplicate) rather than loses. One more batch is
+read while Kafka acknowledges the current one, and none after it until that one is in Kafka:
+at most two batches are held, however long Kafka is away. Bad input goes to
 the DLQ with its bytes and a reason; entries outside the traffic share are acked and counted.
 """
 
@@ -108,14 +109,23 @@ class Mirror(Lifecycle):
             group_start_id=mirror.start,
             claim_idle_ms=mirror.claim_idle_ms,
         )
-        self._producer = KafkaProducer(
-            settings.kafka,
-            max_request_size=MAX_REQUEST_BYTES,
-            **(producer_overrides or {}),
-        )
+        self._producer_overrides = producer_overrides or {}
+        self._producer = self._new_producer()
         self._next_status = 0.0
         self._percent = mirror.traffic_percent
         self._stream_headers: dict[str, tuple[tuple[str, bytes], ...]] = {}
+
+    def _new_producer(self) -> KafkaProducer:
+        return KafkaProducer(
+            self.settings.kafka, max_request_size=MAX_REQUEST_BYTES, **self._producer_overrides
+        )
+
+    async def _replace_producer(self) -> None:
+        """A fresh idempotent producer (a new producer id, sequences from zero)."""
+        old, self._producer = self._producer, self._new_producer()
+        with contextlib.suppress(SidecarError):
+            await old.stop()
+        await self._producer.start()
 
     async def _start(self) -> None:
         needed = sorted({*self.routes.topics, DLQ_TOPIC})
@@ -330,6 +340,7 @@ class Mirror(Lifecycle):
             acked_ms = int(time.time() * 1000)
             retry: list[tuple[QueueMessage, OutgoingMessage]] = []
             transient = 0
+            new_producer = False
             mirrored: list[tuple[str, str]] = []
             latency = self.stats.latency_ms
             for (message, record), outcome in zip(pending, outcomes, strict=True):
@@ -349,6 +360,7 @@ class Mirror(Lifecycle):
                 elif outcome.retriable:
                     retry.append((message, record))
                     transient += 1
+                    new_producer = new_producer or outcome.needs_new_client
                 else:
                     # Not the record's fault and not passing (authorisation, a deleted topic):
                     # stop with the entry unacked rather than drop or dead-letter good work.
@@ -356,6 +368,12 @@ class Mirror(Lifecycle):
             self.stats.routes.update(mirrored)
             self.stats.mirrored.update(topic for _, topic in mirrored)
             pending = retry
+            if new_producer:
+                # Records that expired in a long outage leave a gap in the producer's
+                # sequence that the broker refuses for ever; a new producer starts afresh.
+                # What the old one did get into Kafka is sent again: duplicates, not a loss.
+                logger.warning("Kafka refused the producer's sequence numbers; a new producer")
+                await self._replace_producer()
             if transient:
                 self.stats.produce_retries += 1
                 logger.warning(

@@ -9,8 +9,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from sidecar.errors import MessageDecodeError
 from sidecar.mq.factory import create_consumer, create_producer
-from sidecar.mq.message import encode_task
+from sidecar.mq.message import QueueMessage, encode_task
 from sidecar.settings import MQBackend, Settings
 from sidecar.topics import PARSE_TOPIC
 
@@ -69,7 +70,7 @@ async def round_trip(settings: Settings, backend: MQBackend, timeout_s: float = 
         while time.monotonic() < deadline:
             for message in await consumer.poll_batch(100, 1000):
                 await message.ack()
-                if message.payload.get("id") == task["id"]:
+                if _task_id(message) == task["id"]:
                     return RoundTrip(
                         backend=backend,
                         destination=destination,
@@ -79,3 +80,11 @@ async def round_trip(settings: Settings, backend: MQBackend, timeout_s: float = 
                         elapsed_ms=(time.perf_counter() - started) * 1000,
                     )
     raise TimeoutError(f"task {task['id']} did not come back through {backend} in {timeout_s} s")
+
+
+def _task_id(message: QueueMessage) -> object:
+    """The task id of a message, or ``None``: the topic may hold anything, broken records too."""
+    try:
+        return message.payload.get("id")
+    except MessageDecodeError:
+        return None

@@ -27,6 +27,7 @@ from sidecar.errors import (
     AuthenticationError,
     MessageQueueError,
     MessageTooLargeError,
+    ProducerStateLostError,
     RetriableMessageQueueError,
     ServiceUnavailableError,
     SidecarError,
@@ -60,6 +61,15 @@ def translate_kafka_error(exc: BaseException, action: str, where: str) -> Sideca
         return MessageTooLargeError(f"Kafka at {where} cannot {action}: {exc}")
     if isinstance(exc, kafka_errors.UnknownTopicOrPartitionError):
         return MessageQueueError(f"Kafka at {where} cannot {action}: the topic does not exist")
+    if isinstance(
+        exc,
+        kafka_errors.OutOfOrderSequenceNumber
+        | kafka_errors.InvalidProducerEpoch
+        | kafka_errors.InvalidProducerIdMapping,
+    ):
+        return ProducerStateLostError(
+            f"Kafka at {where} refused the producer's sequence to {action}: {exc!r}"
+        )
     if isinstance(exc, kafka_errors.KafkaTimeoutError):
         return RetriableMessageQueueError(f"Kafka at {where} timed out trying to {action}")
     if isinstance(exc, kafka_errors.KafkaError) and exc.retriable:

@@ -1,0 +1,263 @@
+"""End-to-end latency of the whole sidecar at a steady rate: XADD to Kafka ack, to the shadow
+consumer, and to the verdict.
+
+On a local stack of its own, the bench starts the real ``ragflow-sidecar run`` (mirror, control,
+shadow consumer, observer, judge) as a subprocess, waits for ``/readyz``, then XADDs
+RAGFlow-shaped tasks (``sidecar.samples.ragflow_tasks``, all five kinds) at ``--rate`` per
+second for ``--seconds``, after ``--warmup-s`` not counted. Every entry's verdict is read back
+from ``ragflow.shadow.verdicts`` (``sidecar.diffs.read_verdicts``); its fields give, from the
+entry's XADD time (the entry id's milliseconds):
+
+- Kafka ack: ``timings.control.mirror_latency_ms``, when the mirror had Kafka's ack for the
+  batch (the path ``bench/mirror_throughput.py`` measures on the mirror alone);
+- shadow start: ``timings.kafka.queue_wait_ms``, when the shadow consumer began the Kafka copy;
+- shadow done: that plus ``timings.kafka.processing_ms``;
+- verdict: ``decided_at_ms``, when the judge decided (both sides joined, compared).
+
+p50, p95, p99 and max of each are printed. The writer runs in this process and the sidecar in
+its own, as in a deployment. Exit 1 unless every entry got one ``match`` verdict.
+
+A sidecar that keeps up shows p99 near p50 and a rate of verdicts equal to ``--rate``; one
+that does not shows latencies growing with ``--seconds``.
+
+Usage: .venv/bin/python bench/e2e_latency.py [--rate 1000] [--seconds 20] [--warmup-s 5]
+       [--concurrency 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import valkey
+
+from sidecar.diffs import read_verdicts
+from sidecar.local_stack import LocalStack, StackConfig
+from sidecar.mq.message import encode_task
+from sidecar.samples import ragflow_tasks
+from sidecar.settings import Settings
+from sidecar.topics import init_topics
+from sidecar.verdicts import VERDICT_COUNTS_KEY
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def percentile(ordered: list[float], q: float) -> float:
+    """Nearest-rank percentile of an ascending list."""
+    return ordered[min(len(ordered) - 1, max(0, int(len(ordered) * q + 0.5) - 1))]
+
+
+def start_sidecar(
+    stack: LocalStack, stream: str, port: int, log: Path, concurrency: int
+) -> subprocess.Popen[bytes]:
+    run = uuid.uuid4().hex[:8]
+    env = {
+        **{
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("KAFKA_", "MIRROR_", "REDIS_", "SHADOW_", "SIDECAR_", "OTEL_"))
+        },
+        "REDIS_URL": stack.valkey.url,
+        "KAFKA_BOOTSTRAP_SERVERS": stack.kafka.bootstrap_servers,
+        "MIRROR_STREAMS": stream,
+        "MIRROR_START": "earliest",
+        "SHADOW_GROUP": f"bench-e2e-{run}",
+        "SIDECAR_INSTANCE": f"bench-e2e-{run}",
+        "SIDECAR_METRICS_HOST": "127.0.0.1",
+        "SIDECAR_METRICS_PORT": str(port),
+        "STATUS_INTERVAL_S": "10",
+        "MAX_CONCURRENT_TASKS": str(concurrency),
+    }
+    script = Path(sys.executable).with_name("ragflow-sidecar")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "sidecar"]
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [*command, "run"], env=env, stdout=out, stderr=out, stdin=subprocess.DEVNULL
+        )
+
+
+def wait_ready(port: int, process: subprocess.Popen[bytes], timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the sidecar exited with {process.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as reply:
+                if reply.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"the sidecar was not ready in {timeout_s:.0f} s")
+
+
+def write_paced(url: str, stream: str, rate: int, payloads: list[bytes]) -> tuple[float, int]:
+    """XADD every payload on schedule; returns the most the schedule slipped (s) and the count."""
+    client = valkey.Valkey.from_url(url)
+    behind = 0.0
+    started = time.perf_counter()
+    for n, payload in enumerate(payloads):
+        delay = started + n / rate - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        else:
+            behind = max(behind, -delay)
+        client.xadd(stream, {"message": payload})
+    client.close()
+    return behind, len(payloads)
+
+
+def wait_verdicts(
+    url: str, total: int, process: subprocess.Popen[bytes], timeout_s: float = 180
+) -> None:
+    """Until the judge has counted ``total`` verdicts (its own Valkey tally)."""
+    client = valkey.Valkey.from_url(url)
+    deadline = time.monotonic() + timeout_s
+    counted = 0
+    try:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"the sidecar exited with {process.returncode}")
+            counted = sum(int(n) for n in client.hgetall(VERDICT_COUNTS_KEY).values())
+            if counted >= total:
+                return
+            time.sleep(0.2)
+    finally:
+        client.close()
+    raise RuntimeError(f"{counted} of {total} verdicts after {timeout_s:.0f} s")
+
+
+def entry_ms(entry_id: str) -> int:
+    return int(entry_id.split("-", 1)[0])
+
+
+def paths(verdict: dict[str, Any]) -> dict[str, float]:
+    timings = verdict["timings"]
+    kafka = timings.get("kafka", {})
+    wait, processing = kafka.get("queue_wait_ms"), kafka.get("processing_ms")
+    found = {
+        "XADD -> Kafka ack (mirror)": timings.get("control", {}).get("mirror_latency_ms"),
+        "XADD -> shadow consumer start": wait,
+        "XADD -> shadow consumer done": (
+            wait + processing if wait is not None and processing is not None else None
+        ),
+        "XADD -> verdict decided": verdict["decided_at_ms"] - entry_ms(verdict["entry_id"]),
+    }
+    return {name: float(value) for name, value in found.items() if value is not None}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--rate", type=int, default=1000, help="tasks XADDed per second (1000)")
+    parser.add_argument("--seconds", type=int, default=20, help="measured (20)")
+    parser.add_argument("--warmup-s", type=int, default=5, help="at the rate, not counted (5)")
+    # RAGFlow's default of 5 suits its real tasks; the shadow's dry run is a few Valkey round
+    # trips and a verdict's Kafka ack, and 5 of those at a time do not keep up with 1000/s.
+    parser.add_argument(
+        "--concurrency", type=int, default=50, help="the shadow's MAX_CONCURRENT_TASKS (50)"
+    )
+    args = parser.parse_args()
+
+    root = Path(tempfile.mkdtemp(prefix="sidecar-bench-"))
+    stack = LocalStack(StackConfig(root, free_port(), free_port(), free_port()))
+    print(f"load average at start {loadavg()}", flush=True)
+    stack.up()
+    process: subprocess.Popen[bytes] | None = None
+    log = root / "sidecar.log"
+    try:
+        settings = Settings.from_env(
+            {
+                "REDIS_URL": stack.valkey.url,
+                "KAFKA_BOOTSTRAP_SERVERS": stack.kafka.bootstrap_servers,
+            }
+        )
+        asyncio.run(init_topics(settings.kafka))
+        stream = "te.0.common"  # RAGFlow's own stream name, so routing is as in production
+        warmup = args.rate * args.warmup_s
+        total = warmup + args.rate * args.seconds
+        payloads = [encode_task(task) for task in ragflow_tasks(total)]
+        port = free_port()
+        process = start_sidecar(stack, stream, port, log, args.concurrency)
+        wait_ready(port, process)
+        started = time.monotonic()
+        behind_s, written = write_paced(stack.valkey.url, stream, args.rate, payloads)
+        wait_verdicts(stack.valkey.url, written, process)
+        throughput = written / (time.monotonic() - started)
+        load = loadavg()
+        exit_code = stop(process)
+        verdicts = [
+            v
+            for v in asyncio.run(
+                read_verdicts(settings.kafka, since_ms=None, verdicts=None, task_types=None)
+            )
+            if v["stream"] == stream
+        ]
+        kinds = Counter(v["verdict"] for v in verdicts)
+        # Entries in id order: the first ``warmup`` of them are the warm-up.
+        verdicts.sort(key=lambda v: tuple(int(part) for part in v["entry_id"].split("-")))
+        measured = verdicts[warmup:]
+        samples: dict[str, list[float]] = {}
+        for verdict in measured:
+            for name, value in paths(verdict).items():
+                samples.setdefault(name, []).append(value)
+        print(f"end-to-end latency at {args.rate} tasks/s, {len(measured):,} tasks measured "
+              f"after {warmup:,} warm-up (`ragflow-sidecar run`, MAX_CONCURRENT_TASKS "
+              f"{args.concurrency}, load average {load})")  # fmt: skip
+        print(f"  {'path':32} {'n':>7} {'p50':>7} {'p95':>7} {'p99':>7} {'max':>7}  (ms)")
+        for name, values in samples.items():
+            values.sort()
+            print(
+                f"  {name:32} {len(values):7,} {percentile(values, 0.50):7.0f} "
+                f"{percentile(values, 0.95):7.0f} {percentile(values, 0.99):7.0f} "
+                f"{values[-1]:7.0f}"
+            )
+        print(f"  verdicts: {dict(kinds)}, {throughput:,.0f}/s from the first XADD to the last "
+              f"verdict; writer at most {behind_s * 1000:.0f} ms behind schedule; "
+              f"sidecar exit {exit_code}")  # fmt: skip
+        ok = kinds == Counter({"match": written}) and exit_code == 0
+        if not ok:
+            print("FAILED: expected one match verdict per entry and exit 0; log tail:")
+            print("\n".join(log.read_text(errors="replace").splitlines()[-20:]))
+        return 0 if ok else 1
+    finally:
+        if process is not None and process.poll() is None:
+            stop(process)
+        stack.down()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def stop(process: subprocess.Popen[bytes]) -> int:
+    """SIGTERM, and SIGKILL if it has not exited in 60 s; returns the exit code."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            return process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    return process.wait()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

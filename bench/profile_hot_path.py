@@ -1,0 +1,166 @@
+"""Profile the sidecar's hot paths with pyinstrument, on a local stack of its own.
+
+1. The mirror alone draining ``--mirror-entries`` RAGFlow-shaped tasks (its per-task path:
+   decode, route, headers, produce, ack), as ``bench/mirror_throughput.py`` runs it.
+2. The whole sidecar (mirror, control, shadow consumer, judge; no observer) draining
+   ``--entries`` tasks to their verdicts, as ``bench/tracing_overhead.py`` runs it.
+
+Each profile is printed as pyinstrument's text tree (frames under ``--min-percent`` of the
+time hidden) with the rate of that run; profiling slows the run, so the rates here are not
+the benchmark's. ``--html DIR`` also writes the interactive pages.
+
+Usage: .venv/bin/python bench/profile_hot_path.py [--mirror-entries 100000] [--entries 20000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import socket
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import valkey
+from pyinstrument import Profiler
+
+from sidecar.local_stack import LocalStack, StackConfig
+from sidecar.mirror import Mirror
+from sidecar.mq.message import encode_task
+from sidecar.samples import ragflow_tasks
+from sidecar.service import Sidecar
+from sidecar.settings import Settings
+from sidecar.topics import init_topics
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def fill(url: str, stream: str, count: int) -> None:
+    client = valkey.Valkey.from_url(url)
+    tasks = ragflow_tasks(count)
+    for start in range(0, count, 5000):
+        pipe = client.pipeline(transaction=False)
+        for task in tasks[start : start + 5000]:
+            pipe.xadd(stream, {"message": encode_task(task)})
+        pipe.execute()
+    client.close()
+
+
+def settings_for(stack: LocalStack, stream: str) -> Settings:
+    run = uuid.uuid4().hex[:8]
+    return Settings.from_env(
+        {
+            "REDIS_URL": stack.valkey.url,
+            "KAFKA_BOOTSTRAP_SERVERS": stack.kafka.bootstrap_servers,
+            "MIRROR_STREAMS": stream,
+            "MIRROR_PRIORITY_STREAMS": "none",
+            "MIRROR_START": "earliest",
+            "MIRROR_BLOCK_MS": "100",
+            "MIRROR_GROUP": f"profile_mirror_{run}",
+            "SHADOW_GROUP": f"profile-shadow-{run}",
+            "SHADOW_START": "latest",
+            "SIDECAR_INSTANCE": f"profile-{run}",
+            "MAX_CONCURRENT_TASKS": "20",
+            "SIDECAR_METRICS_PORT": "0",
+        }
+    )
+
+
+async def mirror_alone(settings: Settings, count: int, profiler: Profiler) -> float:
+    stop = asyncio.Event()
+    async with Mirror(settings) as mirror:
+        profiler.start()
+        started = time.perf_counter()
+        running = asyncio.create_task(mirror.run(stop))
+        while mirror.stats.read < count:  # noqa: ASYNC110 - polls a counter, not an event
+            await asyncio.sleep(0.005)
+        stop.set()
+        await running
+        elapsed = time.perf_counter() - started
+        profiler.stop()
+    return count / elapsed
+
+
+async def whole_sidecar(settings: Settings, count: int, profiler: Profiler) -> float:
+    stop = asyncio.Event()
+    async with Sidecar(settings, observer=False) as sidecar:
+        assert sidecar.shadow is not None
+        await sidecar.shadow.wait_ready()
+        profiler.start()
+        started = time.perf_counter()
+        loops = asyncio.create_task(sidecar.run(stop))
+        while sum(sidecar.judge.stats.verdicts.values()) < count:
+            if loops.done():
+                loops.result()
+            await asyncio.sleep(0.005)
+        elapsed = time.perf_counter() - started
+        profiler.stop()
+        stop.set()
+        await loops
+    return count / elapsed
+
+
+def show(title: str, profiler: Profiler, min_percent: float, html: Path | None) -> None:
+    print(f"\n=== {title} ===")
+    print(
+        profiler.output_text(
+            unicode=True, color=False, show_all=False, time="percent_of_total",
+            processor_options={"filter_threshold": min_percent / 100},
+        )
+    )  # fmt: skip
+    if html is not None:
+        html.mkdir(parents=True, exist_ok=True)
+        page = html / f"{title.split(':', maxsplit=1)[0].replace(' ', '_')}.html"
+        page.write_text(profiler.output_html())
+        print(f"(interactive: {page})")
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--mirror-entries", type=int, default=100_000)
+    parser.add_argument("--entries", type=int, default=20_000)
+    parser.add_argument("--min-percent", type=float, default=2.0)
+    parser.add_argument("--only", choices=("mirror", "sidecar"))
+    parser.add_argument("--html", type=Path)
+    args = parser.parse_args()
+
+    root = Path(tempfile.mkdtemp(prefix="sidecar-profile-"))
+    stack = LocalStack(StackConfig(root, free_port(), free_port(), free_port()))
+    stack.up()
+    try:
+        await init_topics(settings_for(stack, "unused").kafka)
+        if args.only != "sidecar":
+            fill(stack.valkey.url, "profile.mirror", args.mirror_entries)
+            profiler = Profiler(interval=0.001, async_mode="disabled")
+            rate = await mirror_alone(
+                settings_for(stack, "profile.mirror"), args.mirror_entries, profiler
+            )
+            show(f"mirror alone: {args.mirror_entries:,} entries, {rate:,.0f}/s under the "
+                 f"profiler, load average {loadavg()}", profiler, args.min_percent,
+                 args.html)  # fmt: skip
+        if args.only != "mirror":
+            fill(stack.valkey.url, "profile.sidecar", args.entries)
+            profiler = Profiler(interval=0.001, async_mode="disabled")
+            rate = await whole_sidecar(
+                settings_for(stack, "profile.sidecar"), args.entries, profiler
+            )
+            show(f"whole sidecar: {args.entries:,} entries to verdicts, {rate:,.0f}/s under the "
+                 f"profiler, load average {loadavg()}", profiler, args.min_percent,
+                 args.html)  # fmt: skip
+    finally:
+        stack.down()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
