@@ -145,7 +145,10 @@ def _local_stack(args: argparse.Namespace) -> int:
 async def _mirror(settings: Settings) -> int:
     """Run the mirror until SIGTERM/SIGINT; then finish the batch in hand within the grace."""
     return await run_until_signal(
-        lambda: Mirror(settings), settings.mirror.shutdown_grace_s, "mirror"
+        lambda: Mirror(settings),
+        settings.mirror.shutdown_grace_s,
+        "mirror",
+        preflight=lambda: check_login(settings.kafka),
     )
 
 
@@ -156,6 +159,7 @@ async def _sidecar(
         lambda: Sidecar(settings, mirror=mirror, shadow=shadow, observer=observer),
         settings.mirror.shutdown_grace_s,
         "sidecar",
+        preflight=lambda: check_login(settings.kafka),
     )
 
 

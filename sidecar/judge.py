@@ -41,9 +41,8 @@ from sidecar.mq.base import Lifecycle, OutgoingMessage
 from sidecar.mq.kafka import KafkaProducer
 from sidecar.mq.redis_streams import create_client, translate_valkey_errors
 from sidecar.progress import ShadowProgress
-from sidecar.routing import RouteTable
 from sidecar.settings import Settings
-from sidecar.topics import VERDICTS_TOPIC
+from sidecar.topics import TASK_TOPICS, VERDICTS_TOPIC
 from sidecar.tracing import Tracing
 from sidecar.verdicts import VerdictRecord, capped
 
@@ -98,9 +97,8 @@ class Judge(Lifecycle):
         self._where = settings.redis.display_url
         self.join = JoinStore(self._client, ttl_s=shadow.join_ttl_s)
         self._producer = KafkaProducer(settings.kafka)
-        self._progress = ShadowProgress(
-            settings.kafka, shadow.group, RouteTable(settings.mirror.routes).topics
-        )
+        # The topics the shadow consumer reads (its commits are the evidence).
+        self._progress = ShadowProgress(settings.kafka, shadow.group, TASK_TOPICS)
         # A claim older than this belonged to an instance that died before publishing: a live
         # one gives up on Kafka after twice its request timeout (KafkaProducer's bound).
         self._stale_claim_ms = max(
@@ -108,25 +106,34 @@ class Judge(Lifecycle):
         )
 
     async def _start(self) -> None:
-        with translate_valkey_errors("PING", self._where):
-            await self._client.ping()
-        await self._producer.start()
         try:
+            with translate_valkey_errors("PING", self._where):
+                await self._client.ping()
+            await self._producer.start()
             await self._progress.start()
         except BaseException:
-            await self._producer.stop()
+            # A failed start is retried by the supervisor with a new judge: close all of this
+            # one's clients (stop() does nothing on a judge that never started).
+            await self._close()
             raise
         if self._own_tracing:
             await self.tracing.start()
 
     async def _stop(self) -> None:
         try:
-            await self._progress.stop()
-            await self._producer.stop()
+            await self._close()
         finally:
-            await self._client.aclose()
             if self._own_tracing:
                 await self.tracing.stop()
+
+    async def _close(self) -> None:
+        try:
+            await self._progress.stop()
+        finally:
+            try:
+                await self._producer.stop()
+            finally:
+                await self._client.aclose()
 
     @property
     def join_client(self) -> valkey.Valkey:
@@ -216,6 +223,8 @@ class Judge(Lifecycle):
                 while await self.sweep() == SWEEP_BATCH:
                     pass
             except SidecarError as exc:
+                if exc.needs_new_client:
+                    raise  # retrying with the same producer cannot help: rebuild
                 logger.warning("verdict sweep failed, retrying: %s", exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=interval_s)

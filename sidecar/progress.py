@@ -20,13 +20,17 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from sidecar.mq.base import Lifecycle
-from sidecar.mq.kafka import translate_kafka_errors
+from sidecar.mq.kafka import stop_consumer, translate_kafka_errors
 from sidecar.settings import KafkaSettings
 from sidecar.status import group_offsets, topic_partitions
 
 logger = logging.getLogger(__name__)
 
 MAX_SAMPLES = 4096
+# In a split deployment the control side's time comes from the mirror's host and the samples'
+# from the judge's: a sample counts only for entries recorded this long before it.
+CLOCK_SKEW_MS = 5_000
+PARTITIONS_REFRESH_S = 30.0
 
 
 class ShadowProgress(Lifecycle):
@@ -40,6 +44,8 @@ class ShadowProgress(Lifecycle):
         self._where = ",".join(settings.bootstrap_servers)
         self._samples: deque[tuple[int, dict[TopicPartition, int]]] = deque(maxlen=MAX_SAMPLES)
         self._admin: AIOKafkaAdminClient | None = None
+        self._partitions: list[TopicPartition] = []
+        self._partitions_at = float("-inf")
         self._consumer: AIOKafkaConsumer | None = None
 
     async def _start(self) -> None:
@@ -47,15 +53,24 @@ class ShadowProgress(Lifecycle):
         self._consumer = AIOKafkaConsumer(
             **self._settings.client_kwargs(), group_id=None, enable_auto_commit=False
         )
-        with translate_kafka_errors("connect", self._where):
-            await self._admin.start()
-            await self._consumer.start()
+        try:
+            with translate_kafka_errors("connect", self._where):
+                await self._admin.start()
+                await self._consumer.start()
+        except BaseException:
+            await self._stop()
+            raise
 
     async def _stop(self) -> None:
-        if self._admin is not None:
-            await self._admin.close()
-        if self._consumer is not None:
-            await self._consumer.stop()
+        admin, consumer, self._admin, self._consumer = self._admin, self._consumer, None, None
+        try:
+            if admin is not None:
+                with translate_kafka_errors("close the admin client", self._where):
+                    await admin.close()
+        finally:
+            if consumer is not None:
+                with translate_kafka_errors("stop the offsets reader", self._where):
+                    await stop_consumer(consumer)
 
     async def read_up_to_ms(self) -> int | None:
         """The latest time ``t`` such that the group has read everything produced before
@@ -63,8 +78,14 @@ class ShadowProgress(Lifecycle):
         when Kafka cannot tell."""
         assert self._admin is not None and self._consumer is not None, "not started"
         now_ms = int(time.time() * 1000)
-        existing = await topic_partitions(self._admin, self._where)
-        tps = [TopicPartition(t, p) for t in self._topics for p in existing.get(t, [])]
+        if time.monotonic() - self._partitions_at > PARTITIONS_REFRESH_S:
+            # Metadata for every topic of the cluster: not on every sweep.
+            existing = await topic_partitions(self._admin, self._where)
+            self._partitions = [
+                TopicPartition(t, p) for t in self._topics for p in existing.get(t, [])
+            ]
+            self._partitions_at = time.monotonic()
+        tps = self._partitions
         if not tps:
             return now_ms
         with translate_kafka_errors("read end offsets", self._where):
@@ -76,5 +97,5 @@ class ShadowProgress(Lifecycle):
         }
         for sampled_ms, sample in reversed(self._samples):
             if all(committed.get(tp, 0) >= end for tp, end in sample.items() if end > 0):
-                return int(sampled_ms)
+                return int(sampled_ms) - CLOCK_SKEW_MS
         return None

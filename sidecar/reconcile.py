@@ -36,7 +36,7 @@ _MAX_SEQ = 2**64 - 1
 
 @dataclass
 class OrderViolation:
-    """``later`` was found in ``topic[partition]`` after ``earlier``, though XADDed before it."""
+    """``earlier`` (XADDed first) was found in ``topic[partition]`` after ``later``."""
 
     topic: str
     partition: int
@@ -81,6 +81,7 @@ class ReconcileReport:
     traffic_percent: float
     kafka_complete: bool = True
     kafka_records: int = 0
+    absent_topics: list[str] = field(default_factory=list)
 
     @property
     def missing(self) -> int:
@@ -97,6 +98,7 @@ class ReconcileReport:
             "traffic_percent": self.traffic_percent,
             "kafka_complete": self.kafka_complete,
             "kafka_records_read": self.kafka_records,
+            "absent_topics": self.absent_topics,
             "streams": {
                 name: {
                     **asdict(s),
@@ -193,9 +195,12 @@ async def reconcile(
         matcher.take,
         since_ms=window.since_ms,
         require_all=False,
+        # Right after a broker restart a leader election can stall a fetch for a while.
+        idle_timeout_ms=max(settings.kafka.request_timeout_ms, 1500),
     )
     report.kafka_complete = outcome.complete
     report.kafka_records = outcome.records
+    report.absent_topics = outcome.absent_topics
     for name in names:
         matcher.settle(name, expected[name], report.streams[name])
     return report
@@ -378,6 +383,11 @@ def render_report(report: ReconcileReport) -> str:
                 f"{v.topic}[{v.partition}] key {v.key}: {v.earlier} after {v.later}"
                 for v in s.order_violations
             ),
+        )
+    if report.absent_topics:
+        lines.append(
+            f"topics absent from Kafka: {', '.join(report.absent_topics)} (run init-topics); "
+            "entries routed there count as missing"
         )
     if not report.kafka_complete:
         lines.append("Kafka did not answer to the end of its partitions: the count is incomplete")

@@ -116,9 +116,11 @@ class Sidecar(Lifecycle):
                 started.append(part)
         except BaseException:
             for part in reversed(started):
-                await part.stop()
+                with contextlib.suppress(SidecarError):
+                    await part.stop()
             if self.http is not None:
                 await self.http.stop()
+            self.metrics.shutdown()  # its OTLP export thread, if any, dies with this build
             raise
 
     async def _stop(self) -> None:
@@ -153,10 +155,11 @@ class Sidecar(Lifecycle):
                 if self.observer is not None:
                     group.create_task(self._watched("observer", self.observer.run(halt), halt))
                 group.create_task(self._watched("sweeper", self.judge.run_sweeper(halt), halt))
-                group.create_task(self._refresh_gauges(halt), name="metrics")
+                group.create_task(_halting(self._refresh_gauges(halt), halt), name="metrics")
         except BaseExceptionGroup as group_error:
-            # One component died: the CLI reports it as one error, as any other.
-            first = group_error.exceptions[0]
+            # One outage can fail several loops at once: the error told (and acted on by the
+            # supervisor) is the one that retrying cannot fix, if any, not the fastest.
+            first = min(group_error.exceptions, key=_severity)
             logger.error("a sidecar loop died: %s", first)
             raise first from group_error
 
@@ -215,6 +218,20 @@ class Sidecar(Lifecycle):
         }
         ref = EntryRef(delivery.stream, delivery.entry_id)
         await self.judge.record("primary", [Arrival(ref, json.dumps(facts).encode())])
+
+
+def _severity(exc: BaseException) -> int:
+    """Lower first: errors retrying cannot fix, then retriable ones, then anything else."""
+    if isinstance(exc, SidecarError):
+        return 1 if exc.retriable else 0
+    return 2
+
+
+async def _halting(loop: Coroutine[Any, Any, None], halt: asyncio.Event) -> None:
+    try:
+        await loop
+    finally:
+        halt.set()
 
 
 async def _forward(stop: asyncio.Event, halt: asyncio.Event) -> None:

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from sidecar.errors import SidecarError
@@ -42,11 +42,13 @@ async def run_until_signal(
     name: str,
     *,
     restart_backoff_s: float = RESTART_BACKOFF_INITIAL_S,
+    preflight: Callable[[], Awaitable[None]] | None = None,
 ) -> int:
     """Build, start and run ``make()`` until SIGTERM/SIGINT; rebuild it after retriable errors.
 
     The signal handlers are in place before starting, so a stop during a slow start (a group
-    join waiting on a broker) is an orderly exit too.
+    join waiting on a broker) is an orderly exit too. ``preflight`` runs before each rebuild:
+    a check that tells a refused login (not retriable) from a server that is away.
     """
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -54,9 +56,13 @@ async def run_until_signal(
         loop.add_signal_handler(signum, stop.set)
     backoff_s = restart_backoff_s
     try:
+        rebuilding = False
         while True:
             began = time.monotonic()
             try:
+                if rebuilding and preflight is not None:
+                    await preflight()
+                rebuilding = True
                 return await _run_once(make(), stop, grace_s, name)
             except SidecarError as exc:
                 if not exc.retriable or stop.is_set():
@@ -89,7 +95,7 @@ async def _run_once(component: Service, stop: asyncio.Event, grace_s: float, nam
         stopping.cancel()
         starting.result()  # a failed start raises here
         return await _run_started(component, stop, grace_s, name)
-    except SidecarError:
+    except BaseException:
         failed = True
         raise
     finally:
@@ -97,9 +103,11 @@ async def _run_once(component: Service, stop: asyncio.Event, grace_s: float, nam
             await component.stop()
         except SidecarError as exc:
             # After a failure the servers may still be away: the first error is the one told.
-            if not failed:
+            # A stop that was asked for has done its work (nothing unacked is lost) even if
+            # a flush towards a server that is away fails.
+            if not failed and not stop.is_set():
                 raise
-            logger.info("%s did not stop cleanly: %s", name, exc)
+            logger.warning("%s did not stop cleanly: %s", name, exc)
 
 
 async def _run_started(component: Service, stop: asyncio.Event, grace_s: float, name: str) -> int:
@@ -115,4 +123,8 @@ async def _run_started(component: Service, stop: asyncio.Event, grace_s: float, 
             logger.warning("grace period over; unfinished work will be replayed on restart")
     else:
         running.result()  # a crashed loop raises here
+        if not stop.is_set():
+            # Every loop runs until told to stop: one that ended on its own is a fault, and
+            # a supervisor must see a non-zero exit to restart the process.
+            raise SidecarError(f"{name} ended without being asked to stop")
     return 0

@@ -17,7 +17,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from sidecar.errors import MessageQueueError
-from sidecar.mq.kafka import translate_kafka_errors
+from sidecar.mq.kafka import stop_consumer, translate_kafka_errors
 from sidecar.settings import KafkaSettings
 from sidecar.status import topic_partitions
 
@@ -94,8 +94,10 @@ async def read_topics(
             where=where,
         )
     finally:
-        await admin.close()
-        await consumer.stop()
+        try:
+            await admin.close()
+        finally:
+            await stop_consumer(consumer)
     return outcome
 
 

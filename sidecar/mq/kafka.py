@@ -13,6 +13,7 @@ in flight when the process dies are delivered again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
 from collections.abc import Iterator, Sequence
@@ -64,6 +65,8 @@ def translate_kafka_error(exc: BaseException, action: str, where: str) -> Sideca
     if isinstance(
         exc,
         kafka_errors.OutOfOrderSequenceNumber
+        | kafka_errors.UnknownProducerId
+        | kafka_errors.ProducerFenced  # what aiokafka makes of InvalidProducerEpoch
         | kafka_errors.InvalidProducerEpoch
         | kafka_errors.InvalidProducerIdMapping,
     ):
@@ -118,6 +121,8 @@ async def check_login(settings: KafkaSettings) -> None:
                 sasl_plain_username=options.get("sasl_plain_username"),
                 sasl_plain_password=options.get("sasl_plain_password"),
             )
+        except (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLSyscallError):
+            continue  # dropped mid-handshake: a broker starting or restarting, not a refusal
         except ssl.SSLError as exc:
             raise AuthenticationError(
                 f"Kafka at {server}: TLS handshake failed ({exc.reason or exc}); "
@@ -177,6 +182,7 @@ class KafkaProducer(MessageQueueProducer):
                     await asyncio.wait_for(producer.stop(), timeout=self._delivery_timeout_s)
                 except TimeoutError:
                     logger.warning("producer did not flush in %.0f s", self._delivery_timeout_s)
+                    await _force_close(producer)
 
     async def send_many(
         self, messages: Sequence[OutgoingMessage]
@@ -311,7 +317,7 @@ class KafkaConsumer(MessageQueueConsumer):
         self._redeliveries = DelayedRedeliveries()
         if consumer is not None:
             with translate_kafka_errors("stop the consumer", self._where):
-                await _stop_consumer(consumer)
+                await stop_consumer(consumer)
 
     async def poll_batch(self, max_records: int, timeout_ms: int) -> list[QueueMessage]:
         if self._consumer is None:
@@ -481,7 +487,19 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         logger.info("assigned %s", sorted(f"{tp.topic}[{tp.partition}]" for tp in assigned))
 
 
-async def _stop_consumer(consumer: AIOKafkaConsumer) -> None:
+async def _force_close(producer: AIOKafkaProducer) -> None:
+    """Close what a cancelled ``stop()`` leaves open: aiokafka marks the producer closed before
+    it flushes, so its sender would go on retrying the unsent records in the background, and
+    deliver them whenever the broker came back, long after we gave them up."""
+    sender = getattr(producer, "_sender", None)
+    with contextlib.suppress(Exception, asyncio.CancelledError, TimeoutError):
+        if sender is not None:
+            await asyncio.wait_for(sender.close(), timeout=5)
+    with contextlib.suppress(Exception, asyncio.CancelledError, TimeoutError):
+        await asyncio.wait_for(producer.client.close(), timeout=5)
+
+
+async def stop_consumer(consumer: AIOKafkaConsumer) -> None:
     """``consumer.stop()``, minus the CancelledError aiokafka lets out of a fetch it cancels
     while the broker is away; a cancellation of our own still propagates."""
     try:
