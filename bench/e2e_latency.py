@@ -31,7 +31,6 @@ import asyncio
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -44,24 +43,15 @@ from pathlib import Path
 from typing import Any
 
 import valkey
+from bench_common import bench_stack, free_port, loadavg
 
 from sidecar.diffs import read_verdicts
-from sidecar.local_stack import LocalStack, StackConfig
+from sidecar.local_stack import LocalStack
 from sidecar.mq.message import encode_task
 from sidecar.samples import ragflow_tasks
 from sidecar.settings import Settings
 from sidecar.topics import init_topics
 from sidecar.verdicts import VERDICT_COUNTS_KEY
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def loadavg() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def percentile(ordered: list[float], q: float) -> float:
@@ -181,7 +171,7 @@ def main() -> int:
     args = parser.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="sidecar-bench-"))
-    stack = LocalStack(StackConfig(root, free_port(), free_port(), free_port()))
+    stack = bench_stack(root)
     print(f"load average at start {loadavg()}", flush=True)
     stack.up()
     process: subprocess.Popen[bytes] | None = None

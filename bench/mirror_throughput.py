@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import json
 import shutil
-import socket
 import statistics
 import tempfile
 import threading
@@ -29,8 +28,9 @@ from pathlib import Path
 import valkey
 import valkey.asyncio as avalkey
 from aiokafka import AIOKafkaProducer
+from bench_common import bench_stack, loadavg
 
-from sidecar.local_stack import LocalStack, StackConfig
+from sidecar.local_stack import LocalStack
 from sidecar.mirror import Mirror
 from sidecar.mq.message import encode_task
 from sidecar.partitioner import KeyPartitioner
@@ -39,17 +39,6 @@ from sidecar.settings import Settings
 from sidecar.topics import PARSE_TOPIC, init_topics
 
 BATCH = 500
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def loadavg() -> str:
-    """The 1, 5 and 15 minute load averages: the machine may be shared, so each line has them."""
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def task() -> bytes:
@@ -186,7 +175,7 @@ async def main() -> None:
     args = parser.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="sidecar-bench-"))
-    stack = LocalStack(StackConfig(root, free_port(), free_port(), free_port()))
+    stack = bench_stack(root)
     stack.up()
     try:
         base = mirror_settings(stack, "unused")

@@ -29,7 +29,6 @@ import asyncio
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,8 +40,9 @@ from pathlib import Path
 
 import valkey
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from bench_common import bench_stack, loadavg
 
-from sidecar.local_stack import LocalStack, StackConfig
+from sidecar.local_stack import LocalStack
 from sidecar.mq.message import encode_task
 from sidecar.samples import ragflow_tasks
 from sidecar.settings import Settings
@@ -51,16 +51,6 @@ from sidecar.topics import DLQ_TOPIC, TASK_TOPICS, TOPIC_PLAN, init_topics
 BATCH = 500
 GROUP = "bench_outage_mirror"
 SAMPLE_S = 1.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def loadavg() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def rss_kib(pid: int) -> tuple[int, int] | None:
@@ -419,7 +409,7 @@ def main() -> int:
     args = parser.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="sidecar-bench-"))
-    stack = LocalStack(StackConfig(root, free_port(), free_port(), free_port()))
+    stack = bench_stack(root)
     print(f"load average at start {loadavg()}", flush=True)
     stack.up()
     try:

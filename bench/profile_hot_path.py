@@ -17,32 +17,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shutil
-import socket
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import valkey
+from bench_common import bench_stack, loadavg
 from pyinstrument import Profiler
 
-from sidecar.local_stack import LocalStack, StackConfig
+from sidecar.local_stack import LocalStack
 from sidecar.mirror import Mirror
 from sidecar.mq.message import encode_task
 from sidecar.samples import ragflow_tasks
 from sidecar.service import Sidecar
 from sidecar.settings import Settings
 from sidecar.topics import init_topics
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def loadavg() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def fill(url: str, stream: str, count: int) -> None:
@@ -135,7 +125,7 @@ async def main() -> None:
     args = parser.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="sidecar-profile-"))
-    stack = LocalStack(StackConfig(root, free_port(), free_port(), free_port()))
+    stack = bench_stack(root)
     stack.up()
     try:
         await init_topics(settings_for(stack, "unused").kafka)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shutil
-import socket
 import tempfile
 import time
 import uuid
@@ -27,9 +26,10 @@ from typing import Any
 
 import grpc
 import valkey
+from bench_common import bench_stack, loadavg
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from sidecar.local_stack import LocalStack, StackConfig
+from sidecar.local_stack import LocalStack
 from sidecar.mirror import Mirror
 from sidecar.mq.message import encode_task
 from sidecar.samples import ragflow_tasks
@@ -43,17 +43,6 @@ MODES: dict[str, dict[str, str]] = {
     "10%": {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.1"},
     "100%": {"OTEL_TRACES_SAMPLER": "parentbased_always_on"},
 }
-
-
-def loadavg() -> str:
-    """The 1, 5 and 15 minute load averages: the machine may be shared, so each line has them."""
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Discard(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore[misc]
@@ -168,7 +157,7 @@ async def main() -> int:
     endpoint = f"http://127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
     await server.start()
     root = Path(tempfile.mkdtemp(prefix="sidecar-bench-"))
-    stack = LocalStack(StackConfig(root, free_port(), free_port(), free_port()))
+    stack = bench_stack(root)
     stack.up()
     try:
         await init_topics(run_settings(stack, "unused", "off", endpoint, 1).kafka)
