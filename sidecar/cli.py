@@ -10,10 +10,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry
+
 from sidecar import __version__
 from sidecar.demo import run_demo
 from sidecar.diffs import now_ms, parse_since, read_verdicts, render_diffs
 from sidecar.errors import SidecarError
+from sidecar.health import Health, HealthServer
 from sidecar.local_stack import LocalStack, StackConfig
 from sidecar.mirror import Mirror
 from sidecar.mq.kafka import KafkaProducer, check_login
@@ -155,12 +158,26 @@ async def _mirror(settings: Settings) -> int:
 async def _sidecar(
     settings: Settings, *, mirror: bool = True, shadow: bool = True, observer: bool = True
 ) -> int:
-    return await run_until_signal(
-        lambda: Sidecar(settings, mirror=mirror, shadow=shadow, observer=observer),
-        settings.mirror.shutdown_grace_s,
-        "sidecar",
-        preflight=lambda: check_login(settings.kafka),
+    def build(http: HealthServer | None) -> Sidecar:
+        return Sidecar(settings, mirror=mirror, shadow=shadow, observer=observer, http=http)
+
+    async def supervise(http: HealthServer | None) -> int:
+        return await run_until_signal(
+            lambda: build(http),
+            settings.mirror.shutdown_grace_s,
+            "sidecar",
+            preflight=lambda: check_login(settings.kafka),
+        )
+
+    if not settings.metrics.port:
+        return await supervise(None)
+    # One endpoint for the life of the process: between in-process restarts the probes say
+    # not ready (and why) and /metrics keeps the last build's series, instead of going silent.
+    http = HealthServer(
+        settings.metrics.host, settings.metrics.port, Health(("sidecar",)), CollectorRegistry()
     )
+    async with http:
+        return await supervise(http)
 
 
 async def _diffs(settings: Settings, args: argparse.Namespace) -> int:

@@ -62,6 +62,11 @@ class HealthServer(Lifecycle):
         self._registry = registry
         self._server: asyncio.Server | None = None
 
+    def attach(self, health: Health, registry: CollectorRegistry) -> None:
+        """Serve these from now on: a server kept across in-process restarts shows each new
+        build's state, and the last one's (a loop died) until the next build attaches."""
+        self._health, self._registry = health, registry
+
     @property
     def port(self) -> int:
         """The port bound (the one asked for, or the one chosen for port 0)."""

@@ -53,6 +53,7 @@ class Sidecar(Lifecycle):
         shadow: bool = True,
         observer: bool = True,
         transform: RecordTransform | None = None,
+        http: HealthServer | None = None,
     ) -> None:
         super().__init__()
         self.settings = settings
@@ -96,17 +97,20 @@ class Sidecar(Lifecycle):
         )
         loops = {"mirror": self.mirror, "shadow": self.shadow, "observer": self.observer}
         self.health = Health((*(name for name, part in loops.items() if part), "sweeper"))
-        self.http = (
-            HealthServer(
+        # A server given by the caller outlives this build (the supervisor's restarts); one of
+        # our own lives and dies with it.
+        self._own_http = http is None
+        if http is not None:
+            http.attach(self.health, self.metrics.registry)
+        elif settings.metrics.port:
+            http = HealthServer(
                 settings.metrics.host, settings.metrics.port, self.health, self.metrics.registry
             )
-            if settings.metrics.port
-            else None
-        )
+        self.http = http
         register_metrics(self)
 
     async def _start(self) -> None:
-        if self.http is not None:
+        if self.http is not None and self._own_http:
             # First, so the probes answer (not ready) while the rest connects.
             await self.http.start()
         started: list[Lifecycle] = []
@@ -118,7 +122,7 @@ class Sidecar(Lifecycle):
             for part in reversed(started):
                 with contextlib.suppress(SidecarError):
                     await part.stop()
-            if self.http is not None:
+            if self.http is not None and self._own_http:
                 await self.http.stop()
             self.metrics.shutdown()  # its OTLP export thread, if any, dies with this build
             raise
@@ -130,7 +134,7 @@ class Sidecar(Lifecycle):
                 await part.stop()
             except SidecarError as exc:
                 errors.append(exc)
-        if self.http is not None:
+        if self.http is not None and self._own_http:
             await self.http.stop()
         self.metrics.shutdown()
         if errors:

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -139,17 +140,24 @@ async def wait_until(
     return time.monotonic() - began
 
 
+async def probe(port: int, path: str = "/readyz") -> int | None:
+    """The HTTP status the sidecar's endpoint on ``port`` answers, ``None`` if it does not."""
+
+    def get() -> int | None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=1) as reply:
+                return int(reply.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+        except OSError:
+            return None
+
+    return await asyncio.to_thread(get)
+
+
 async def ready(port: int) -> bool:
     """Whether the sidecar's /readyz on ``port`` answers 200 (every loop running)."""
-
-    def probe() -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as reply:
-                return bool(reply.status == 200)
-        except OSError:
-            return False
-
-    return await asyncio.to_thread(probe)
+    return await probe(port) == 200
 
 
 async def produce(

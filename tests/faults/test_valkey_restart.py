@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
 
 import pytest
@@ -23,8 +23,10 @@ from tests.faults.support import (
     assert_ragflow_untouched,
     assert_reconciled,
     judged,
+    probe,
     produce,
     ragflow_worker,
+    ready,
     sidecar_env,
     wait_until,
 )
@@ -65,8 +67,13 @@ async def test_valkey_restarted_with_aof_mid_stream(
     client = avalkey.Valkey(**own.redis.client_kwargs(), decode_responses=False)
     try:
         await client.xgroup_create(unique, RAGFLOW_GROUP, id="0", mkstream=True)
+        port = free_port()
         env = sidecar_env(
-            aof_valkey.url, ",".join(settings.kafka.bootstrap_servers), unique, unique
+            aof_valkey.url,
+            ",".join(settings.kafka.bootstrap_servers),
+            unique,
+            unique,
+            SIDECAR_METRICS_PORT=str(port),
         )
         worker = asyncio.create_task(ragflow_worker(client, unique, total))
         with SidecarProcess(["run"], env, tmp_path / "sidecar.log") as sidecar:
@@ -76,8 +83,12 @@ async def test_valkey_restarted_with_aof_mid_stream(
                 lambda: _mirrored_some(client, unique), "the mirror to start", timeout_s=120
             )
             await asyncio.to_thread(aof_valkey.stop)  # SHUTDOWN: the AOF is flushed
-            await asyncio.sleep(2.0)  # Valkey away for a while, as in a real restart
+            # While Valkey is away the endpoint stays up across the in-process restarts and
+            # says the sidecar is not ready, rather than going silent.
+            await wait_until(lambda: _is(probe(port), 503), "/readyz to answer 503", timeout_s=60)
+            assert await probe(port, "/metrics") == 200
             await asyncio.to_thread(aof_valkey.start)
+            await wait_until(lambda: ready(port), "/readyz to answer 200 again", timeout_s=120)
             restarted = time.monotonic()
             ids += await produce(client, unique, total - total // 2, pause_s=0.05)
             verdicts = await judged(own, unique, total, timeout_s=240)
@@ -100,6 +111,10 @@ async def test_valkey_restarted_with_aof_mid_stream(
             f"verdicts {dict(kinds)}, in-process restarts {log.count('starting again in')}",
         )
     )
+
+
+async def _is(status: Awaitable[int | None], wanted: int) -> bool:
+    return await status == wanted
 
 
 async def _mirrored_some(client: avalkey.Valkey, stream: str) -> bool:
