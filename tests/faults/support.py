@@ -179,19 +179,30 @@ async def ragflow_worker(
     client: avalkey.Valkey, stream: str, total: int, timeout_s: float = 300
 ) -> Counter[str]:
     """Consume like RAGFlow's task executor (XREADGROUP COUNT 1 in RAGFlow's group, then XACK),
-    riding out a Valkey restart; returns how often each entry was handed to it."""
+    riding out a Valkey restart; returns how often each entry was handed to it.
+
+    After a lost connection it first reads its own pending entries (id ``0``), as a restarted
+    executor would: a reply lost with the connection leaves its entry pending on this consumer.
+    """
     handled: Counter[str] = Counter()
     deadline = time.monotonic() + timeout_s
+    reconnected = False
     while len(handled) < total and time.monotonic() < deadline:
         try:
-            reply = await client.xreadgroup(RAGFLOW_GROUP, WORKER, {stream: ">"}, count=1, block=50)
+            start = "0" if reconnected else ">"
+            reply = await client.xreadgroup(
+                RAGFLOW_GROUP, WORKER, {stream: start}, count=100 if reconnected else 1, block=50
+            )
             for _, entries in reply or []:
                 for entry_id, _fields in entries:
-                    handled[entry_id.decode()] += 1
+                    if not (reconnected and entry_id.decode() in handled):
+                        handled[entry_id.decode()] += 1
                     await client.xack(stream, RAGFLOW_GROUP, entry_id)
+            reconnected = False
         except (ValkeyConnectionError, ValkeyTimeoutError):
             # Valkey restarting, or too busy to accept a connection: RAGFlow's executor
             # retries too.
+            reconnected = True
             await asyncio.sleep(0.2)
     return handled
 
