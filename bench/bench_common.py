@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 
+import valkey
+
 from sidecar.local_stack import LocalStack, StackConfig
+from sidecar.mq.message import encode_task
+from sidecar.samples import ragflow_tasks
+
+_SIDECAR_PREFIXES = ("KAFKA_", "MIRROR_", "REDIS_", "SHADOW_", "SIDECAR_", "OTEL_")
 
 
 def free_port() -> int:
@@ -22,3 +29,21 @@ def loadavg() -> str:
 def bench_stack(root: Path) -> LocalStack:
     """A Valkey and a Kafka of the bench's own under ``root``, on free ports of 127.0.0.1."""
     return LocalStack(StackConfig(root, free_port(), free_port(), free_port()))
+
+
+def environment_without_sidecar_settings() -> dict[str, str]:
+    """This process's environment less every variable the sidecar reads, for a child sidecar
+    configured by the bench alone."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(_SIDECAR_PREFIXES)}
+
+
+def fill(url: str, stream: str, count: int) -> None:
+    """XADD ``count`` RAGFlow-shaped tasks of all five kinds, pipelined 5,000 at a time."""
+    client = valkey.Valkey.from_url(url)
+    tasks = ragflow_tasks(count)
+    for start in range(0, count, 5000):
+        pipe = client.pipeline(transaction=False)
+        for task in tasks[start : start + 5000]:
+            pipe.xadd(stream, {"message": encode_task(task)})
+        pipe.execute()
+    client.close()

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import shutil
 import signal
 import subprocess
@@ -43,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import valkey
-from bench_common import bench_stack, free_port, loadavg
+from bench_common import bench_stack, environment_without_sidecar_settings, free_port, loadavg
 
 from sidecar.diffs import read_verdicts
 from sidecar.local_stack import LocalStack
@@ -64,11 +63,7 @@ def start_sidecar(
 ) -> subprocess.Popen[bytes]:
     run = uuid.uuid4().hex[:8]
     env = {
-        **{
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("KAFKA_", "MIRROR_", "REDIS_", "SHADOW_", "SIDECAR_", "OTEL_"))
-        },
+        **environment_without_sidecar_settings(),
         "REDIS_URL": stack.valkey.url,
         "KAFKA_BOOTSTRAP_SERVERS": stack.kafka.bootstrap_servers,
         "MIRROR_STREAMS": stream,

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import shutil
 import signal
 import subprocess
@@ -40,7 +39,7 @@ from pathlib import Path
 
 import valkey
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from bench_common import bench_stack, loadavg
+from bench_common import bench_stack, environment_without_sidecar_settings, loadavg
 
 from sidecar.local_stack import LocalStack
 from sidecar.mq.message import encode_task
@@ -217,11 +216,7 @@ def start_sidecar(
 ) -> subprocess.Popen[bytes]:
     run = uuid.uuid4().hex[:8]
     env = {
-        **{
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("KAFKA_", "MIRROR_", "REDIS_", "SHADOW_", "SIDECAR_", "OTEL_"))
-        },
+        **environment_without_sidecar_settings(),
         "REDIS_URL": stack.valkey.url,
         "KAFKA_BOOTSTRAP_SERVERS": stack.kafka.bootstrap_servers,
         "MIRROR_STREAMS": stream,

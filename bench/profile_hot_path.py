@@ -22,28 +22,14 @@ import time
 import uuid
 from pathlib import Path
 
-import valkey
-from bench_common import bench_stack, loadavg
+from bench_common import bench_stack, fill, loadavg
 from pyinstrument import Profiler
 
 from sidecar.local_stack import LocalStack
 from sidecar.mirror import Mirror
-from sidecar.mq.message import encode_task
-from sidecar.samples import ragflow_tasks
 from sidecar.service import Sidecar
 from sidecar.settings import Settings
 from sidecar.topics import init_topics
-
-
-def fill(url: str, stream: str, count: int) -> None:
-    client = valkey.Valkey.from_url(url)
-    tasks = ragflow_tasks(count)
-    for start in range(0, count, 5000):
-        pipe = client.pipeline(transaction=False)
-        for task in tasks[start : start + 5000]:
-            pipe.xadd(stream, {"message": encode_task(task)})
-        pipe.execute()
-    client.close()
 
 
 def settings_for(stack: LocalStack, stream: str) -> Settings:

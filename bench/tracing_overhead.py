@@ -25,14 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import valkey
-from bench_common import bench_stack, loadavg
+from bench_common import bench_stack, fill, loadavg
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from sidecar.local_stack import LocalStack
 from sidecar.mirror import Mirror
-from sidecar.mq.message import encode_task
-from sidecar.samples import ragflow_tasks
 from sidecar.service import Sidecar
 from sidecar.settings import Settings
 from sidecar.topics import init_topics
@@ -58,17 +55,6 @@ class Discard(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore[misc
             for scope in resource_spans.scope_spans:
                 self.spans += len(scope.spans)
         return trace_service_pb2.ExportTraceServiceResponse()
-
-
-def fill(url: str, stream: str, count: int) -> None:
-    client = valkey.Valkey.from_url(url)
-    tasks = ragflow_tasks(count)
-    for start in range(0, count, 5000):
-        pipe = client.pipeline(transaction=False)
-        for task in tasks[start : start + 5000]:
-            pipe.xadd(stream, {"message": encode_task(task)})
-        pipe.execute()
-    client.close()
 
 
 def run_settings(
