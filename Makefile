@@ -37,8 +37,8 @@ system-deps:
 	fi
 
 lint: $(STAMP)
-	$(BIN)/ruff check sidecar comparators tests bench dashboards
-	$(BIN)/ruff format --check sidecar comparators tests bench dashboards
+	$(BIN)/ruff check sidecar comparators ragflow_mq tests bench dashboards
+	$(BIN)/ruff format --check sidecar comparators ragflow_mq tests bench dashboards
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

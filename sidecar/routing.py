@@ -21,6 +21,8 @@ from sidecar.topics import (
 
 FAKE_DOC_ID = "graph_raptor_x"
 PARSE = "parse"  # what a task without task_type is
+# Not a task type: the key of MIRROR_ROUTES that moves the priority parse topic.
+PRIORITY_PARSE = "parse.priority"
 
 DEFAULT_ROUTES: dict[str, str] = {
     PARSE: PARSE_TOPIC,
@@ -60,6 +62,7 @@ class RouteTable:
     ) -> None:
         table = dict(DEFAULT_ROUTES)
         table.update(overrides)
+        priority_parse_topic = table.pop(PRIORITY_PARSE, priority_parse_topic)
         self._exact = {k: v for k, v in table.items() if not k.endswith("*")}
         self._prefixes = sorted(
             ((k[:-1], v) for k, v in table.items() if k.endswith("*")),
@@ -67,10 +70,20 @@ class RouteTable:
         )
         self._priority_parse_topic = priority_parse_topic
         self._parse_topic = self._exact.get(PARSE, PARSE_TOPIC)
+        self._dataset_topic = self._exact.get("graphrag", GRAPHRAG_TOPIC)
 
     @property
     def topics(self) -> set[str]:
         return {*self._exact.values(), *(t for _, t in self._prefixes), self._priority_parse_topic}
+
+    @property
+    def priority_parse_topic(self) -> str:
+        return self._priority_parse_topic
+
+    def ordered_topics(self) -> list[str]:
+        """Every task topic, the priority parse topic first (served before the others)."""
+        rest = sorted(self.topics - {self._priority_parse_topic})
+        return [self._priority_parse_topic, *rest]
 
     def _topic_for(self, task_type: str) -> str | None:
         if task_type in self._exact:
@@ -92,7 +105,7 @@ class RouteTable:
             # Unknown types are carried, not dropped, on the parse topic; the caller counts them.
             topic = self._parse_topic
         if dataset_wide and task_type == PARSE:
-            topic = GRAPHRAG_TOPIC
+            topic = self._dataset_topic
         if topic == self._parse_topic and priority >= 1 and known:
             topic = self._priority_parse_topic
         kind = _kind(topic, dataset_wide)

@@ -23,11 +23,19 @@ import yaml
 from aiokafka.helpers import create_ssl_context
 
 from sidecar.errors import ConfigError
+from sidecar.settings_serve import (
+    GATE_VARIABLES,
+    SERVE_VARIABLES,
+    GateSettings,
+    ServeSettings,
+    build_gate,
+    build_serve,
+)
 
-MQBackend = Literal["redis", "kafka"]
+MQBackend = Literal["redis", "kafka", "split"]
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 
-MQ_BACKENDS: tuple[str, ...] = ("redis", "kafka")
+MQ_BACKENDS: tuple[str, ...] = ("redis", "kafka", "split")
 SECURITY_PROTOCOLS: tuple[str, ...] = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS: tuple[str, ...] = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 COMPRESSION_TYPES: tuple[str, ...] = ("none", "gzip", "snappy", "lz4", "zstd")
@@ -257,6 +265,8 @@ class Settings:
     shadow: ShadowSettings = field(default_factory=ShadowSettings)
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     tracing: TracingSettings = field(default_factory=TracingSettings)
+    serve: ServeSettings = field(default_factory=ServeSettings)
+    gate: GateSettings = field(default_factory=GateSettings)
 
     @classmethod
     def from_env(
@@ -395,14 +405,23 @@ def _build(reader: _Reader) -> Settings:
         request_timeout_ms=reader.integer("KAFKA_REQUEST_TIMEOUT_MS", 30000, minimum=1000),
     )
     backend = cast(MQBackend, reader.choice("MQ_BACKEND", MQ_BACKENDS, "redis", upper=False))
+    mirror = _build_mirror(reader)
+    shadow = _build_shadow(reader)
     return Settings(
         mq_backend=backend,
         redis=redis,
         kafka=kafka,
-        mirror=_build_mirror(reader),
-        shadow=_build_shadow(reader),
+        mirror=mirror,
+        shadow=shadow,
         metrics=_build_metrics(reader),
         tracing=_build_tracing(reader),
+        serve=build_serve(
+            reader,
+            backend=backend,
+            traffic_percent=mirror.traffic_percent,
+            concurrency=shadow.max_concurrent_tasks,
+        ),
+        gate=build_gate(reader),
     )
 
 
@@ -656,6 +675,8 @@ _KNOWN_VARIABLES: tuple[str, ...] = (
     *_SHADOW_VARIABLES,
     *_KAFKA_FILE_KEYS.values(),
     *_MQ_FILE_KEYS.values(),
+    *SERVE_VARIABLES,
+    *GATE_VARIABLES,
 )
 
 _EXPANSION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -261,8 +261,12 @@ class KafkaConsumer(MessageQueueConsumer):
         group_id: str | None = None,
         *,
         commit_interval_ms: int = 0,
+        on_revoke: Callable[[set[tuple[str, int]]], Awaitable[None]] | None = None,
         **overrides: Any,
     ) -> None:
+        """``on_revoke`` is awaited with the (topic, partition) pairs being taken away, before
+        their finished work is committed: an owner holding records of them (handed out, or
+        fetched ahead) drops or finishes them there."""
         if not topics:
             raise ValueError("at least one topic is needed")
         super().__init__()
@@ -281,6 +285,7 @@ class KafkaConsumer(MessageQueueConsumer):
         self._commit_lock = asyncio.Lock()
         self._redeliveries: DelayedRedeliveries[QueueMessage] = DelayedRedeliveries()
         self._rank = {topic: index for index, topic in enumerate(self.topics)}
+        self._on_revoke = on_revoke
 
     async def _start(self) -> None:
         options: dict[str, Any] = {
@@ -353,15 +358,18 @@ class KafkaConsumer(MessageQueueConsumer):
         return messages
 
     async def ack(self, message: QueueMessage) -> None:
-        tp = TopicPartition(message.topic, message.partition)
-        offsets = self._offsets.get(tp)
+        if self.finish(message) and not self._commit_interval_s:
+            await self._commit(TopicPartition(message.topic, message.partition))
+
+    def finish(self, message: QueueMessage) -> bool:
+        """Mark the record done without committing (``commit_due()`` commits it); False when
+        its partition was revoked meanwhile, so its new owner will process it again."""
+        offsets = self._offsets.get(TopicPartition(message.topic, message.partition))
         if offsets is None:
-            # The partition was revoked meanwhile; its new owner will process the record again.
             logger.debug("ack of %s after its partition was revoked", message.id)
-            return
+            return False
         offsets.finished(message.offset)
-        if not self._commit_interval_s:
-            await self._commit(tp)
+        return True
 
     async def commit_due(self) -> None:
         """With ``commit_interval_ms``: commit finished work once the interval has passed.
@@ -436,6 +444,28 @@ class KafkaConsumer(MessageQueueConsumer):
         if self._consumer is not None and self._consumer.paused():
             self._consumer.resume(*self._consumer.paused())
 
+    async def end_offsets(self) -> dict[tuple[str, int], int]:
+        """One past the last record of every assigned partition, asked of the broker now."""
+        if self._consumer is None:
+            raise RuntimeError("consumer is not started")
+        tps = sorted(self._consumer.assignment())
+        if not tps:
+            return {}
+        with translate_kafka_errors("read end offsets", self._where):
+            ends = await self._consumer.end_offsets(tps)
+        return {(tp.topic, tp.partition): int(offset) for tp, offset in ends.items()}
+
+    async def positions(self) -> dict[tuple[str, int], int]:
+        """The next offset to be fetched of every assigned partition (past control records
+        and compacted gaps, which hand out no record)."""
+        if self._consumer is None:
+            raise RuntimeError("consumer is not started")
+        with translate_kafka_errors("read positions", self._where):
+            return {
+                (tp.topic, tp.partition): await self._consumer.position(tp)
+                for tp in sorted(self._consumer.assignment())
+            }
+
     def lag(self) -> dict[tuple[str, int], int]:
         """Records behind the group's commit per assigned partition, from the last fetch's
         high watermark (no request: cheap enough for a metrics callback)."""
@@ -466,6 +496,12 @@ class KafkaConsumer(MessageQueueConsumer):
             self._committed[tp] = target
 
     async def _partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        if self._on_revoke is not None and revoked:
+            try:
+                await self._on_revoke({(tp.topic, tp.partition) for tp in revoked})
+            except Exception:
+                # The rebalance must go on whatever the owner's hook does.
+                logger.exception("the revoke hook failed")
         for tp in revoked:
             try:
                 await self._commit(tp)

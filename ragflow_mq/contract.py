@@ -1,0 +1,74 @@
+"""Names shared by what RAGFlow loads (``ragflow_mq``) and the sidecar's commands that read
+what it leaves behind (``gate``, ``drain-to-redis``, ``reconcile``, the shadow): record
+headers and Valkey keys. Changing one is changing a wire format."""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+# On every record RAGFlow executes from Kafka ("served"): b"1". The mirror's copies of Redis
+# entries never carry it, so an executor skips them and the shadow skips served records.
+SERVED_HEADER: Final = "x-served"
+# The stream RAGFlow named in queue_product(queue, ...): the executor hands the record out
+# when RAGFlow asks that queue, and drain-to-redis puts it back there.
+QUEUE_HEADER: Final = "x-ragflow-queue"
+SERVED_SOURCE: Final = b"ragflow_mq"
+
+Path = Literal["redis", "kafka"]
+PATHS: Final[tuple[Path, ...]] = ("redis", "kafka")
+# produced: queue_product succeeded; started: handed to RAGFlow by queue_consumer; finished:
+# acked (success and failure alike, as RAGFlow acks both); failed: RAGFlow set progress -1;
+# retried: handed out again (a pending replay, a redelivered record); dead_lettered: sent to
+# the DLQ instead of RAGFlow.
+EVENTS: Final = ("produced", "started", "finished", "failed", "retried", "dead_lettered")
+Event = Literal["produced", "started", "finished", "failed", "retried", "dead_lettered"]
+# queue_wait: enqueued to handed out; processing: handed out to acked.
+LATENCIES: Final = ("queue_wait", "processing")
+Latency = Literal["queue_wait", "processing"]
+# Upper bounds (ms) of the latency histograms; the last bucket is open.
+BUCKETS_MS: Final[tuple[float, ...]] = (
+    5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000, 1800000,
+)  # fmt: skip
+EVIDENCE_TTL_S: Final = 2 * 86400
+ATTEMPTS_TTL_S: Final = 7 * 86400
+DEFAULT_KEY_PREFIX: Final = "ragflow_mq"
+
+
+class Keys:
+    """The Valkey keys under one prefix (``SERVE_KEY_PREFIX``; tests use their own)."""
+
+    def __init__(self, prefix: str = DEFAULT_KEY_PREFIX) -> None:
+        self.prefix = prefix
+        # Never given a TTL: RAGFlow's Valkey evicts volatile keys (volatile-lru) first, and a
+        # cap that vanished would silently raise the served share back to the env value.
+        self.cap = f"{prefix}:serve_cap"
+        self.evidence_total = f"{prefix}:evidence:total"
+
+    def evidence(self, minute: int) -> str:
+        """Per-minute counts (``minute`` = epoch seconds // 60), kept two days."""
+        return f"{self.prefix}:evidence:{minute}"
+
+    def attempts(self, topic: str, partition: int, offset: int) -> str:
+        """How often a served record was handed out."""
+        return f"{self.prefix}:attempts:{topic}:{partition}:{offset}"
+
+    def drained(self, topic: str, partition: int, offset: int) -> str:
+        """The stream entry id a served record was moved to by drain-to-redis."""
+        return f"{self.prefix}:drained:{topic}:{partition}:{offset}"
+
+    @property
+    def drained_pattern(self) -> str:
+        return f"{self.prefix}:drained:*"
+
+
+def count_field(path: str, event: str) -> str:
+    return f"{path}:{event}"
+
+
+def bucket_field(path: str, latency: str, index: int) -> str:
+    """The field of bucket ``index`` (``len(BUCKETS_MS)`` is the open one)."""
+    return f"{path}:{latency}:b{index}"
+
+
+def sum_field(path: str, latency: str) -> str:
+    return f"{path}:{latency}:sum_ms"

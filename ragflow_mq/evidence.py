@@ -1,0 +1,149 @@
+"""Per-path evidence of the served share: counts and latency histograms, per minute, in Valkey.
+
+RAGFlow's API server and executors record what their queue calls see (``Recorder``, cheap and
+thread-safe, flushed every few seconds in one pipeline); the sidecar's ``gate`` and metrics
+read a window back (``Evidence``). Minute buckets make any window up to two days answerable
+without a time-series database; the ``total`` hash gives monotonic counters for Prometheus.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from ragflow_mq.contract import (
+    BUCKETS_MS,
+    EVIDENCE_TTL_S,
+    PATHS,
+    Event,
+    Keys,
+    Latency,
+    bucket_field,
+    count_field,
+    sum_field,
+)
+
+
+class Recorder:
+    """Accumulates counts in memory; ``drain()`` hands them over for one write."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: dict[int, Counter[str]] = {}
+
+    def count(self, path: str, event: Event, n: int = 1, at_s: float | None = None) -> None:
+        with self._lock:
+            self._minute(at_s)[count_field(path, event)] += n
+
+    def observe(self, path: str, latency: Latency, ms: float, at_s: float | None = None) -> None:
+        index = bisect.bisect_left(BUCKETS_MS, ms)
+        with self._lock:
+            counts = self._minute(at_s)
+            counts[bucket_field(path, latency, index)] += 1
+            counts[sum_field(path, latency)] += max(int(ms), 0)
+
+    def _minute(self, at_s: float | None) -> Counter[str]:
+        minute = int((time.time() if at_s is None else at_s) // 60)
+        counts = self._pending.get(minute)
+        if counts is None:
+            counts = self._pending[minute] = Counter()
+        return counts
+
+    def drain(self) -> dict[int, Counter[str]]:
+        """What was recorded since the last drain, by minute; the recorder starts empty."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        return pending
+
+    def restore(self, pending: Mapping[int, Counter[str]]) -> None:
+        """Put back a drained batch whose write failed, so the next flush carries it."""
+        with self._lock:
+            for minute, counts in pending.items():
+                self._pending.setdefault(minute, Counter()).update(counts)
+
+
+def write(pipe: object, keys: Keys, pending: Mapping[int, Counter[str]]) -> None:
+    """Queue the HINCRBYs of ``pending`` on a valkey pipeline (sync or async alike)."""
+    for minute, counts in pending.items():
+        key = keys.evidence(minute)
+        for name, n in counts.items():
+            pipe.hincrby(key, name, n)  # type: ignore[attr-defined]
+            pipe.hincrby(keys.evidence_total, name, n)  # type: ignore[attr-defined]
+        pipe.expire(key, EVIDENCE_TTL_S)  # type: ignore[attr-defined]
+
+
+def window_keys(keys: Keys, since_s: float, until_s: float) -> list[str]:
+    """The minute keys covering ``[since_s, until_s]``."""
+    return [keys.evidence(m) for m in range(int(since_s // 60), int(until_s // 60) + 1)]
+
+
+@dataclass
+class PathEvidence:
+    """One path's counts and latency histograms over a window."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    buckets: dict[str, list[int]] = field(default_factory=dict)
+    sums_ms: Counter[str] = field(default_factory=Counter)
+
+    def __getitem__(self, event: str) -> int:
+        return self.counts[event]
+
+    def failure_rate(self) -> float | None:
+        """Failed over finished, or ``None`` before anything finished."""
+        finished = self.counts["finished"]
+        return self.counts["failed"] / finished if finished else None
+
+    def samples(self, latency: str) -> int:
+        return sum(self.buckets.get(latency, ()))
+
+    def quantile_ms(self, latency: str, q: float) -> float | None:
+        """The upper bound of the bucket holding quantile ``q`` (the open bucket reports the
+        last bound), or ``None`` with no sample."""
+        counts = self.buckets.get(latency)
+        total = sum(counts) if counts else 0
+        if not counts or total == 0:
+            return None
+        rank = q * total
+        seen = 0
+        for index, n in enumerate(counts):
+            seen += n
+            if seen >= rank and n:
+                return float(BUCKETS_MS[min(index, len(BUCKETS_MS) - 1)])
+        return float(BUCKETS_MS[-1])
+
+
+@dataclass
+class Evidence:
+    """Both paths over a window, merged from the minute hashes that cover it."""
+
+    paths: dict[str, PathEvidence]
+
+    @classmethod
+    def from_hashes(cls, hashes: Iterable[Mapping[str | bytes, str | bytes] | None]) -> Evidence:
+        paths: dict[str, PathEvidence] = {path: PathEvidence() for path in PATHS}
+        for fields in hashes:
+            for raw_name, raw_value in (fields or {}).items():
+                name = raw_name.decode() if isinstance(raw_name, bytes) else raw_name
+                path, _, rest = name.partition(":")
+                evidence = paths.get(path)
+                if evidence is None:
+                    continue
+                value = int(raw_value)
+                latency, _, part = rest.partition(":")
+                if not part:
+                    evidence.counts[rest] += value
+                elif part == "sum_ms":
+                    evidence.sums_ms[latency] += value
+                elif part.startswith("b") and part[1:].isdigit():
+                    counts = evidence.buckets.setdefault(latency, [0] * (len(BUCKETS_MS) + 1))
+                    index = int(part[1:])
+                    if index < len(counts):
+                        counts[index] += value
+        return cls(paths)
+
+    def __getitem__(self, path: str) -> PathEvidence:
+        return self.paths[path]
