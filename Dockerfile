@@ -18,6 +18,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY sidecar ./sidecar
 COPY comparators ./comparators
+COPY ragflow_mq ./ragflow_mq
 RUN python -m venv /opt/venv \
  && /opt/venv/bin/pip install --no-cache-dir . \
  && /opt/venv/bin/ragflow-sidecar --version

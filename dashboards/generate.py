@@ -646,7 +646,65 @@ def overview() -> builders.Dashboard:
             .max(1)
         )
     )
-    return dash
+    return served_share(dash, ids)
+
+
+def served_share(dash: builders.Dashboard, ids: Layout) -> builders.Dashboard:
+    """What RAGFlow itself executes from Kafka (MQ_BACKEND=split), beside Redis. The values are
+    the whole deployment's, read from Valkey by every sidecar instance alike: ``max``, not sum."""
+    served_tasks = "ragflow_sidecar_served_tasks_total" + '{event=~"started|finished|failed"}'
+    p99 = 'ragflow_sidecar_served_latency_ms{latency="processing", quantile="0.99"}'
+    dash = dash.with_row(builders.Row("Served share: RAGFlow executing from Kafka").id(ids.id()))
+    return (
+        dash.with_panel(
+            timeseries_panel(
+                ids,
+                "Served vs judged share",
+                "KAFKA_SERVE_PERCENT (served: RAGFlow executes these documents' tasks from "
+                "Kafka) beside KAFKA_TRAFFIC_PERCENT (judged), and the served share under the "
+                "cap that `ragflow-sidecar gate --apply` lowers.",
+                [query("max by (share) (ragflow_sidecar_serve_percent)", "{{share}}")],
+                "percent",
+                width=6,
+            )
+            .min(0)
+            .max(100)
+        )
+        .with_panel(
+            timeseries_panel(
+                ids,
+                "Failure rate per path",
+                "Failed over finished served tasks per path, over the last 5 minutes (0 when "
+                "none finished). The gate rolls back when kafka exceeds redis by more than "
+                "GATE_MAX_FAILURE_DELTA_PP.",
+                [query("max by (path) (ragflow_sidecar_served_failure_percent)", "{{path}}")],
+                "percent",
+                width=6,
+            ).min(0)
+        )
+        .with_panel(
+            timeseries_panel(
+                ids,
+                "Processing p99 per path",
+                "p99 of served tasks' processing time per path over the last 5 minutes, as "
+                "coarse as ragflow_mq's buckets (0 without a sample). The gate rolls back "
+                "above GATE_MAX_P99_RATIO times redis's.",
+                [query(f"max by (path) ({p99})", "{{path}}")],
+                "ms",
+                width=6,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                ids,
+                "Served tasks per path",
+                "Tasks RAGFlow started, finished and failed per second, per path.",
+                [query(f"max by (path, event) ({rate(served_tasks)})", "{{path}}: {{event}}")],
+                "ops",
+                width=6,
+            )
+        )
+    )
 
 
 def drill_down() -> builders.Dashboard:

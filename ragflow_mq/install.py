@@ -253,10 +253,9 @@ class Runtime:
             if consumer is not None:
                 await consumer.stop()
 
-        async def flush() -> None:
-            await asyncio.to_thread(self.flush_evidence)
-
-        self.loop.close([stop_consumer, self.producer.close, flush], _CLOSE_TIMEOUT_S)
+        self.loop.close([stop_consumer, self.producer.close], _CLOSE_TIMEOUT_S)
+        # From the calling thread: at interpreter exit the loop's thread pool is already shut.
+        self.flush_evidence()
 
 
 def _patched_methods(runtime: Runtime) -> dict[str, Callable[..., Any]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import shutil
 import sys
@@ -15,7 +16,12 @@ from prometheus_client import CollectorRegistry
 from sidecar import __version__
 from sidecar.demo import run_demo
 from sidecar.diffs import now_ms, parse_since, read_verdicts, render_diffs
+from sidecar.drain import DEFAULT_TIMEOUT_S, drain_to_redis, render_drain, render_drain_json
 from sidecar.errors import SidecarError
+from sidecar.gate import clear_cap, collect, lower_cap, parse_window
+from sidecar.gate import render_json as render_gate_json
+from sidecar.gate import render_table as render_gate_table
+from sidecar.gate_checks import ROLLBACK
 from sidecar.health import Health, HealthServer
 from sidecar.local_stack import LocalStack, StackConfig
 from sidecar.mirror import Mirror
@@ -81,6 +87,29 @@ def _parser() -> argparse.ArgumentParser:
         "--percent", type=float, help="traffic share in force then (default KAFKA_TRAFFIC_PERCENT)"
     )
     reconcile.add_argument("--json", action="store_true", help="the full report as JSON")
+    gate = commands.add_parser(
+        "gate",
+        help="canary analysis of the served share: exit 0 promote, 1 hold, 3 roll back",
+    )
+    gate.add_argument("--window", default="30m", help="30m, 2h, 1d, an ISO time or epoch ms")
+    cap = gate.add_mutually_exclusive_group()
+    cap.add_argument(
+        "--apply", action="store_true", help="on a roll-back, lower the served share's cap to 0"
+    )
+    cap.add_argument(
+        "--clear-cap",
+        action="store_true",
+        help="delete the cap: serve KAFKA_SERVE_PERCENT again (no analysis)",
+    )
+    gate.add_argument("--json", action="store_true", help="the report as JSON")
+    drain = commands.add_parser(
+        "drain-to-redis",
+        help="executors stopped: move every unconsumed served record back to its Redis stream",
+    )
+    drain.add_argument(
+        "--timeout-s", type=float, default=DEFAULT_TIMEOUT_S, help="give up (exit 2) after this"
+    )
+    drain.add_argument("--json", action="store_true", help="the summary as JSON")
     commands.add_parser("check", help="connect to Valkey and Kafka and print their versions")
     commands.add_parser("roundtrip", help="send a task through each backend and read it back")
 
@@ -208,6 +237,33 @@ async def _reconcile(settings: Settings, args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+async def _gate(settings: Settings, args: argparse.Namespace) -> int:
+    if args.clear_cap:
+        done = await clear_cap(settings)
+        print(json.dumps({"action": done}) if args.json else done)
+        return 0
+    now = now_ms()
+    report = await collect(settings, parse_window(args.window, now), now)
+    # Only a roll-back acts, and only downwards: promoting is the operator's change of the env.
+    if args.apply and report.decision == ROLLBACK:
+        report.action = await lower_cap(settings, report.cap)
+    print(render_gate_json(report) if args.json else render_gate_table(report))
+    return report.decision
+
+
+async def _drain(settings: Settings, args: argparse.Namespace) -> int:
+    report = await drain_to_redis(settings, timeout_s=args.timeout_s)
+    print(render_drain_json(report) if args.json else render_drain(report))
+    if not report.complete:
+        print(
+            f"ragflow-sidecar: error: drain-to-redis stopped after {args.timeout_s:g} s short "
+            "of the end offsets; run it again to move the rest",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    return 0
+
+
 async def _status(settings: Settings) -> int:
     print(render_status(await collect_status(settings)))
     return 0
@@ -286,6 +342,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_diffs(settings, args))
         if args.command == "reconcile":
             return asyncio.run(_reconcile(settings, args))
+        if args.command == "gate":
+            return asyncio.run(_gate(settings, args))
+        if args.command == "drain-to-redis":
+            return asyncio.run(_drain(settings, args))
         if args.command == "status":
             return asyncio.run(_status(settings))
         if args.command == "check":

@@ -8,29 +8,45 @@ that should be in Kafka and is in neither its task topic nor the DLQ is missing;
 more than one record is duplicated; and within each partition, a key whose entries arrive out
 of stream order (first copies only: a replayed batch repeats older entries by design) is an
 order violation. This is the accounting the fault tests use as their oracle.
+
+Served records (``x-served: 1``, tasks RAGFlow executed from Kafka) name no entry: they are
+counted apart, and those ``drain-to-redis`` moved back are checked against the entry they
+became (``sidecar/reconcile_served.py``); such an entry is drained, not missing.
 """
 
 from __future__ import annotations
 
-import json
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import valkey.asyncio as avalkey
 
+from ragflow_mq.contract import Keys
 from sidecar.errors import ConfigError, MessageDecodeError
 from sidecar.mq.message import decode_task, header_text
 from sidecar.mq.redis_streams import MESSAGE_FIELD, create_client, translate_valkey_errors
+from sidecar.reconcile_render import render_json, render_report
+from sidecar.reconcile_served import ServedAccount, drained_entry_ids
 from sidecar.routing import RouteTable
+from sidecar.served import is_served
 from sidecar.settings import Settings
 from sidecar.topic_reader import read_topics
 from sidecar.topics import DLQ_TOPIC
 from sidecar.traffic import in_traffic_share
 
+__all__ = [
+    "OrderViolation",
+    "ReconcileReport",
+    "StreamReconciliation",
+    "Window",
+    "reconcile",
+    "render_json",  # from reconcile_render, where the renderings live
+    "render_report",
+]
+
 XRANGE_PAGE = 10_000
-SAMPLE_LIMIT = 20  # ids listed per kind in the table; --json lists every one
 _MAX_SEQ = 2**64 - 1
 
 
@@ -60,6 +76,7 @@ class StreamReconciliation:
     missing: list[str] = field(default_factory=list)
     duplicated: dict[str, int] = field(default_factory=dict)  # entry id -> records
     unexpected: int = 0  # entries outside the share that are in Kafka all the same
+    drained: int = 0  # expected entries written by drain-to-redis (their record is served)
     order_violations: list[OrderViolation] = field(default_factory=list)
 
     @property
@@ -82,6 +99,7 @@ class ReconcileReport:
     kafka_complete: bool = True
     kafka_records: int = 0
     absent_topics: list[str] = field(default_factory=list)
+    served: ServedAccount = field(default_factory=ServedAccount)
 
     @property
     def missing(self) -> int:
@@ -89,7 +107,7 @@ class ReconcileReport:
 
     @property
     def ok(self) -> bool:
-        return self.kafka_complete and self.missing == 0
+        return self.kafka_complete and self.missing == 0 and not self.served.problems
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -99,6 +117,7 @@ class ReconcileReport:
             "kafka_complete": self.kafka_complete,
             "kafka_records_read": self.kafka_records,
             "absent_topics": self.absent_topics,
+            "served": self.served.to_dict(),
             "streams": {
                 name: {
                     **asdict(s),
@@ -171,6 +190,10 @@ async def reconcile(
         {"from_id": window.min_id, "to_id": window.max_id},
         percent,
     )
+    until = _id_key(window.max_id)
+    report.served = ServedAccount(
+        window.since_ms, until[0] if until else None, settings.mirror.streams
+    )
     client = create_client(settings.redis)
     try:
         for name in names:
@@ -188,7 +211,7 @@ async def reconcile(
     finally:
         await client.aclose()
 
-    matcher = _KafkaMatcher(expected)
+    matcher = _KafkaMatcher(expected, report.served)
     outcome = await read_topics(
         settings.kafka,
         sorted({*routes.topics, DLQ_TOPIC}),
@@ -201,6 +224,14 @@ async def reconcile(
     report.kafka_complete = outcome.complete
     report.kafka_records = outcome.records
     report.absent_topics = outcome.absent_topics
+    client = create_client(settings.redis)
+    try:
+        with translate_valkey_errors("check the drained records", settings.redis.display_url):
+            keys = Keys(settings.serve.key_prefix)
+            await report.served.verify(client, keys)
+            matcher.drained_ids = await drained_entry_ids(client, keys)
+    finally:
+        await client.aclose()
     for name in names:
         matcher.settle(name, expected[name], report.streams[name])
     return report
@@ -264,8 +295,10 @@ def _share_of(
 class _KafkaMatcher:
     """Counts records per entry and checks per-key order as the records stream past."""
 
-    def __init__(self, expected: dict[str, dict[str, bool]]) -> None:
+    def __init__(self, expected: dict[str, dict[str, bool]], served: ServedAccount) -> None:
         self._expected = expected
+        self._served = served
+        self.drained_ids: set[str] = set()  # entries drain-to-redis wrote, set before settle
         self.task_records: dict[str, Counter[str]] = {name: Counter() for name in expected}
         self.dlq_records: dict[str, Counter[str]] = {name: Counter() for name in expected}
         # (topic, partition, stream, key) -> the newest entry id seen first there
@@ -275,6 +308,11 @@ class _KafkaMatcher:
 
     def take(self, record: Any) -> None:
         headers = record.headers or ()
+        if is_served(headers):
+            # The DLQ keeps a dead-lettered served record's headers; it was not executed.
+            if record.topic != DLQ_TOPIC:
+                self._served.take(record)
+            return
         stream = header_text(headers, "x-redis-stream")
         entry_id = header_text(headers, "x-redis-id")
         if stream is None or entry_id is None or stream not in self._expected:
@@ -320,7 +358,10 @@ class _KafkaMatcher:
                 into.unexpected += records > 0
                 continue
             if records == 0:
-                into.missing.append(entry_id)
+                if entry_id in self.drained_ids:
+                    into.drained += 1
+                else:
+                    into.missing.append(entry_id)
                 continue
             into.found += 1
             into.in_task_topics += tasks[entry_id] > 0
@@ -335,82 +376,3 @@ def _id_key(entry_id: str) -> tuple[int, int] | None:
     if not millis.isdigit() or (seq and not seq.isdigit()):
         return None
     return int(millis), int(seq or 0)
-
-
-def render_report(report: ReconcileReport) -> str:
-    """The per-stream table, then samples of missing ids, duplicates and order violations."""
-    columns = (
-        ("stream", lambda s: s.stream),
-        ("written", lambda s: s.written),
-        ("in share", lambda s: s.in_share),
-        ("undecodable", lambda s: s.undecodable),
-        ("outside", lambda s: s.outside_share),
-        ("found", lambda s: s.found),
-        ("in topics", lambda s: s.in_task_topics),
-        ("dead-lettered", lambda s: s.dead_lettered),
-        ("missing", lambda s: len(s.missing)),
-        ("duplicated", lambda s: len(s.duplicated)),
-        ("extra records", lambda s: s.extra_records),
-        ("order violations", lambda s: len(s.order_violations)),
-    )
-    rows = [[str(cell(s)) for _, cell in columns] for s in report.streams.values()]
-    header = [title for title, _ in columns]
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    lines = [
-        f"window {report.window['from_id']} .. {report.window['to_id']}, "
-        f"traffic share {report.traffic_percent:g} %, {report.kafka_records} Kafka records read",
-        "  ".join(
-            h.ljust(w) if i == 0 else h.rjust(w)
-            for i, (h, w) in enumerate(zip(header, widths, strict=True))
-        ),
-    ]
-    for row in rows:
-        lines.append(
-            "  ".join(
-                c.ljust(w) if i == 0 else c.rjust(w)
-                for i, (c, w) in enumerate(zip(row, widths, strict=True))
-            )
-        )
-    for s in report.streams.values():
-        lines += _samples(f"{s.stream}: missing", s.missing)
-        lines += _samples(
-            f"{s.stream}: duplicated (id x records)",
-            (f"{entry_id} x{count}" for entry_id, count in s.duplicated.items()),
-        )
-        lines += _samples(
-            f"{s.stream}: order violations",
-            (
-                f"{v.topic}[{v.partition}] key {v.key}: {v.earlier} after {v.later}"
-                for v in s.order_violations
-            ),
-        )
-    if report.absent_topics:
-        lines.append(
-            f"topics absent from Kafka: {', '.join(report.absent_topics)} (run init-topics); "
-            "entries routed there count as missing"
-        )
-    if not report.kafka_complete:
-        lines.append("Kafka did not answer to the end of its partitions: the count is incomplete")
-    lines.append(
-        "OK: nothing missing"
-        if report.ok
-        else f"NOT OK: {report.missing} entries missing"
-        + ("" if report.kafka_complete else " (or not read)")
-    )
-    return "\n".join(lines)
-
-
-def _samples(title: str, items: Iterable[str]) -> list[str]:
-    listed = list(items)
-    if not listed:
-        return []
-    more = (
-        f" (and {len(listed) - SAMPLE_LIMIT} more; --json lists all)"
-        if len(listed) > SAMPLE_LIMIT
-        else ""
-    )
-    return [f"{title}: {', '.join(listed[:SAMPLE_LIMIT])}{more}"]
-
-
-def render_json(report: ReconcileReport) -> str:
-    return json.dumps(report.to_dict(), indent=2, sort_keys=True)

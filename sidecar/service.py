@@ -32,6 +32,7 @@ from sidecar.mirror import Mirror, RecordTransform
 from sidecar.mq.base import Lifecycle, OutgoingMessage
 from sidecar.mq.message import QueueMessage
 from sidecar.observer import PrimaryDelivery, PrimaryObserver
+from sidecar.served_metrics import ServedEvidencePoller, register_served_metrics
 from sidecar.settings import Settings
 from sidecar.shadow import ShadowConsumer
 from sidecar.tracing import Tracing
@@ -90,9 +91,18 @@ class Sidecar(Lifecycle):
             if observer
             else None
         )
+        # Reads what RAGFlow's processes record about the served share, for /metrics only.
+        self.served = ServedEvidencePoller(settings)
         self._parts: tuple[Lifecycle, ...] = tuple(
             part
-            for part in (self.tracing, self.judge, self.mirror, self.shadow, self.observer)
+            for part in (
+                self.tracing,
+                self.judge,
+                self.mirror,
+                self.shadow,
+                self.observer,
+                self.served,
+            )
             if part
         )
         loops = {"mirror": self.mirror, "shadow": self.shadow, "observer": self.observer}
@@ -108,6 +118,7 @@ class Sidecar(Lifecycle):
             )
         self.http = http
         register_metrics(self)
+        register_served_metrics(self.metrics, self.served, settings)
 
     async def _start(self) -> None:
         if self.http is not None and self._own_http:

@@ -7,6 +7,7 @@ committed only up to its lowest unfinished record. A record is processed once pe
 takes a Valkey key with NX and a TTL; a later one is recorded as a duplicate. A handler failure
 is retried with backoff up to ``SHADOW_MAX_ATTEMPTS``, then the record goes to the DLQ with its
 original bytes and headers. Either way the outcome is the candidate side of the comparison.
+Served records (``x-served``, RAGFlow's own tasks on Kafka) are acked and counted, never run.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -24,16 +24,18 @@ from typing import Any, Literal
 
 from comparators import OrderTracker
 from sidecar.control import value_sha
-from sidecar.dead_letter import NAME_LIMIT, dead_letter
+from sidecar.dead_letter import dead_letter
 from sidecar.errors import MessageDecodeError, SidecarError
 from sidecar.handlers import HandlerResult, NamedHandler, TaskMeta, load_handler, run_handler
 from sidecar.join import ALIVE_PREFIX, SEEN_PREFIX, Arrival, EntryRef
 from sidecar.judge import Judge, digest_or_none
 from sidecar.mq.base import Lifecycle
 from sidecar.mq.kafka import KafkaConsumer, KafkaProducer
-from sidecar.mq.message import QueueMessage, decode_task, header_text
+from sidecar.mq.message import QueueMessage, header_text
 from sidecar.mq.redis_streams import translate_valkey_errors
+from sidecar.served import is_served
 from sidecar.settings import Settings
+from sidecar.shadow_records import decode_record, int_or_none, mirror_ref
 from sidecar.topics import PARSE_PRIORITY_TOPIC, TASK_TOPICS
 
 logger = logging.getLogger(__name__)
@@ -44,7 +46,6 @@ POLL_TIMEOUT_MS = 200
 # Offsets are committed this often: a commit per record would cap the shadow at the broker's
 # commit rate; a crash redelivers finished work, which dedup absorbs.
 COMMIT_INTERVAL_MS = 500
-_ENTRY_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 
 
 @dataclass
@@ -56,6 +57,7 @@ class ShadowStats:
     retries: int = 0
     dead_lettered: Counter[str] = field(default_factory=Counter)  # by reason
     in_flight: int = 0
+    skipped_served: int = 0  # RAGFlow's own tasks on Kafka (x-served): nothing to compare
 
 
 class ShadowConsumer(Lifecycle):
@@ -151,6 +153,12 @@ class ShadowConsumer(Lifecycle):
                 batch = await self._consumer.poll_batch(limit - len(running), POLL_TIMEOUT_MS)
                 self._serve_priority_first(batch)
                 for message in batch:
+                    if is_served(message.headers):
+                        # RAGFlow executes it from Kafka: no Redis entry to compare it with,
+                        # and running it would be judged missing_primary for nothing missing.
+                        self.stats.skipped_served += 1
+                        await message.ack()
+                        continue
                     # Order is judged in consumption order, before tasks run concurrently. A
                     # record naming no entry has no place in it (its id used to stop the loop).
                     named = mirror_ref(message)
@@ -215,7 +223,7 @@ class ShadowConsumer(Lifecycle):
             # counterpart, so it is judged missing_primary once the compare timeout passes.
             ref = EntryRef(f"kafka:{message.topic}", f"{message.partition}-{message.offset}")
         try:
-            task = _decode_record(message.value)
+            task = decode_record(message.value)
         except MessageDecodeError as exc:
             await self._dead_letter(message, exc.reason, exc.detail, attempts=0)
             facts = self._facts(message, None, started_ms, ref)
@@ -297,7 +305,7 @@ class ShadowConsumer(Lifecycle):
         stop: asyncio.Event,
     ) -> tuple[HandlerResult, int]:
         shadow = self.settings.shadow
-        retry_count = max(_int_or_none(header_text(message.headers, "x-retry-count")) or 0, 0)
+        retry_count = max(int_or_none(header_text(message.headers, "x-retry-count")) or 0, 0)
         attempt = 0
         while True:
             attempt += 1
@@ -362,13 +370,13 @@ class ShadowConsumer(Lifecycle):
         started_ms: int,
         ref: EntryRef,
     ) -> dict[str, Any]:
-        enqueued = _int_or_none(header_text(message.headers, "x-timestamp"))
+        enqueued = int_or_none(header_text(message.headers, "x-timestamp"))
         queue_wait_ms = started_ms - enqueued if enqueued is not None else None
         facts = {
             "task_id": header_text(message.headers, "x-task-id")
             or (str(task.get("id")) if task else None),
             "task_type": header_text(message.headers, "x-task-type"),
-            "priority": _int_or_none(header_text(message.headers, "x-priority")),
+            "priority": int_or_none(header_text(message.headers, "x-priority")),
             "stream": ref.stream,
             "entry_id": ref.entry_id,
             "topic": message.topic,
@@ -380,49 +388,6 @@ class ShadowConsumer(Lifecycle):
         if self._tracing.enabled:
             facts.update(self._tracing.candidate_facts(message))  # for the verdict's links
         return facts
-
-
-def _int_or_none(text: str | None) -> int | None:
-    """A header's integer, or ``None`` unless it is one: ``str.isdigit`` passes "²" and other
-    scripts' digits and ``int`` raises past 4300 digits, which used to stop the shadow."""
-    if text is None or len(text) > 20:
-        return None
-    digits = text.removeprefix("-")
-    return int(text) if digits.isascii() and digits.isdigit() else None
-
-
-def _decode_record(value: bytes | None) -> dict[str, Any]:
-    """A record's task, as :func:`decode_task` reads it, less what the shadow cannot handle."""
-    if value is None:
-        # A null value (a tombstone): "no 'message' field" would send the reader to Redis.
-        raise MessageDecodeError("no_value", "the record has no value (null)")
-    task = decode_task(value)
-    task_id = task.get("id")
-    if isinstance(task_id, str) and not task_id.isascii():
-        try:
-            task_id.encode()
-        except UnicodeEncodeError as exc:
-            # The cancel key is built from the id, and Valkey keys are UTF-8: it stopped the
-            # shadow. The mirror dead-letters such a task for the same reason.
-            bad = exc.object[exc.start : exc.end]
-            raise MessageDecodeError(
-                "not_unicode", f"a lone surrogate {bad!r} in the task's id"
-            ) from exc
-    return task
-
-
-def mirror_ref(message: QueueMessage) -> EntryRef | None:
-    """The stream entry a record names in ``x-redis-stream`` and ``x-redis-id`` (the last of
-    each), or ``None`` when it names none: absent, not UTF-8, or not a stream name and id."""
-    stream = message.header("x-redis-stream")
-    entry_id = message.header("x-redis-id")
-    if not stream or entry_id is None or len(stream) > NAME_LIMIT:
-        return None
-    try:
-        stream_text, id_text = stream.decode("utf-8"), entry_id.decode("ascii")
-    except UnicodeDecodeError:
-        return None
-    return EntryRef(stream_text, id_text) if _ENTRY_ID.fullmatch(id_text) else None
 
 
 def _raise_failures(done: set[asyncio.Task[None]]) -> None:

@@ -45,6 +45,10 @@ REQUIRED_PANELS = {
         "Shadow throughput per topic",
         "Carried over Kafka vs configured",
         "Retries and duplicates",
+        "Served vs judged share",
+        "Failure rate per path",
+        "Processing p99 per path",
+        "Served tasks per path",
     },
     DRILL_DOWN: {
         "Mismatches",

@@ -1,0 +1,59 @@
+"""How the shadow consumer reads a task record: the entry it names, its task, its numbers.
+
+Apart from the consuming loop (``shadow.py``) so that each stays readable; all of it is pure.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from sidecar.dead_letter import NAME_LIMIT
+from sidecar.errors import MessageDecodeError
+from sidecar.join import EntryRef
+from sidecar.mq.message import QueueMessage, decode_task
+
+_ENTRY_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
+
+
+def int_or_none(text: str | None) -> int | None:
+    """A header's integer, or ``None`` unless it is one: ``str.isdigit`` passes "²" and other
+    scripts' digits and ``int`` raises past 4300 digits, which used to stop the shadow."""
+    if text is None or len(text) > 20:
+        return None
+    digits = text.removeprefix("-")
+    return int(text) if digits.isascii() and digits.isdigit() else None
+
+
+def decode_record(value: bytes | None) -> dict[str, Any]:
+    """A record's task, as :func:`decode_task` reads it, less what the shadow cannot handle."""
+    if value is None:
+        # A null value (a tombstone): "no 'message' field" would send the reader to Redis.
+        raise MessageDecodeError("no_value", "the record has no value (null)")
+    task = decode_task(value)
+    task_id = task.get("id")
+    if isinstance(task_id, str) and not task_id.isascii():
+        try:
+            task_id.encode()
+        except UnicodeEncodeError as exc:
+            # The cancel key is built from the id, and Valkey keys are UTF-8: it stopped the
+            # shadow. The mirror dead-letters such a task for the same reason.
+            bad = exc.object[exc.start : exc.end]
+            raise MessageDecodeError(
+                "not_unicode", f"a lone surrogate {bad!r} in the task's id"
+            ) from exc
+    return task
+
+
+def mirror_ref(message: QueueMessage) -> EntryRef | None:
+    """The stream entry a record names in ``x-redis-stream`` and ``x-redis-id`` (the last of
+    each), or ``None`` when it names none: absent, not UTF-8, or not a stream name and id."""
+    stream = message.header("x-redis-stream")
+    entry_id = message.header("x-redis-id")
+    if not stream or entry_id is None or len(stream) > NAME_LIMIT:
+        return None
+    try:
+        stream_text, id_text = stream.decode("utf-8"), entry_id.decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    return EntryRef(stream_text, id_text) if _ENTRY_ID.fullmatch(id_text) else None

@@ -1,0 +1,309 @@
+"""``ragflow-sidecar gate``: the canary decision over real Valkey and Kafka, through ``main()``.
+
+Served evidence is written as RAGFlow's processes write it (``Recorder`` + ``write()``) under a
+key prefix of the test's own (``SERVE_KEY_PREFIX``); verdicts go to the shared verdicts topic
+about streams of the test's own (``MIRROR_STREAMS``), which is all the gate counts, so other
+tests' verdicts in the same window never reach these decisions.
+
+The tests are synchronous because ``main()`` runs its own event loop, as the installed command
+does; the Kafka setup runs in ``asyncio.run`` for the same reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, cast
+
+import pytest
+import valkey
+
+from ragflow_mq.contract import Keys
+from ragflow_mq.evidence import Recorder, write
+from sidecar.cli import main
+from sidecar.local_stack import LocalStack
+from sidecar.mq import KafkaProducer
+from sidecar.settings import Settings
+from sidecar.topics import VERDICTS_TOPIC, init_topics
+from sidecar.verdicts import Verdict, VerdictRecord
+from tests.conftest import free_port
+
+MIN_SAMPLE = 50
+
+
+@dataclass
+class Gate:
+    """One test's deployment: its env, streams, key prefix, and a way to run the command."""
+
+    settings: Settings
+    env: dict[str, str]
+    stream: str
+    keys: Keys
+    client: valkey.Valkey
+    monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture[str]
+    _verdicts: int = 0
+
+    def run(self, *args: str, **env: str) -> tuple[int, str, str]:
+        for name, value in {**self.env, **env}.items():
+            self.monkeypatch.setenv(name, value)
+        self.capsys.readouterr()  # drop what setup printed
+        code = main(["gate", *args])
+        out, err = self.capsys.readouterr()
+        return code, out, err
+
+    def verdicts(self, **kinds: int) -> None:
+        """Publish that many final verdicts of each kind, decided now, about our stream."""
+        now_ms = int(time.time() * 1000)
+        records = []
+        for kind, n in kinds.items():
+            for _ in range(n):
+                self._verdicts += 1
+                records.append(
+                    VerdictRecord(
+                        verdict=cast(Verdict, kind),
+                        stream=self.stream,
+                        entry_id=f"{now_ms}-{self._verdicts}",
+                        task_id=f"{self.stream}-task-{self._verdicts}",
+                        task_type="parse",
+                        decided_at_ms=now_ms,
+                        sidecar="test_gate",
+                    )
+                )
+        asyncio.run(_produce(self.settings, records))
+
+    def served(
+        self,
+        path: str,
+        *,
+        finished: int,
+        failed: int = 0,
+        processing_ms: float = 1000.0,
+        queue_wait_ms: float = 50.0,
+    ) -> None:
+        """``finished`` tasks on ``path``, as RAGFlow's processes record them, a minute ago."""
+        recorder = Recorder()
+        at_s = time.time() - 60
+        recorder.count(path, "produced", finished, at_s=at_s)
+        recorder.count(path, "started", finished, at_s=at_s)
+        recorder.count(path, "finished", finished, at_s=at_s)
+        if failed:
+            recorder.count(path, "failed", failed, at_s=at_s)
+        for _ in range(finished):
+            recorder.observe(path, "processing", processing_ms, at_s=at_s)
+            recorder.observe(path, "queue_wait", queue_wait_ms, at_s=at_s)
+        pipe = self.client.pipeline(transaction=False)
+        write(pipe, self.keys, recorder.drain())
+        pipe.execute()  # type: ignore[no-untyped-call]
+
+    @property
+    def cap(self) -> bytes | None:
+        # valkey-py types its commands as sync-or-async; this client is the sync one.
+        return cast(bytes | None, self.client.get(self.keys.cap))
+
+
+async def _produce(settings: Settings, records: list[VerdictRecord]) -> None:
+    async with KafkaProducer(settings.kafka) as producer:
+        for record in records:
+            await producer.send(VERDICTS_TOPIC, record.to_json(), key=record.task_id.encode())
+
+
+@pytest.fixture(scope="module")
+def verdicts_topic(settings: Settings) -> None:
+    asyncio.run(init_topics(settings.kafka))
+
+
+@pytest.fixture
+def gate(
+    settings: Settings,
+    stack: LocalStack,
+    unique: str,
+    verdicts_topic: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> Iterator[Gate]:
+    stream = f"{unique}.0"
+    env = {
+        "REDIS_URL": stack.valkey.url,
+        "KAFKA_BOOTSTRAP_SERVERS": stack.kafka.bootstrap_servers,
+        "MQ_BACKEND": "split",
+        "KAFKA_TRAFFIC_PERCENT": "50",
+        "KAFKA_SERVE_PERCENT": "20",
+        "MIRROR_STREAMS": stream,
+        "SERVE_KEY_PREFIX": unique,
+        "GATE_MIN_SAMPLE": str(MIN_SAMPLE),
+    }
+    client = valkey.Valkey(**settings.redis.client_kwargs())
+    keys = Keys(unique)
+    yield Gate(settings, env, stream, keys, client, monkeypatch, capsys)
+    client.delete(*cast(list[bytes], client.keys(f"{unique}:*")), keys.cap)
+    client.close()  # type: ignore[no-untyped-call]
+
+
+def row(out: str, check: str) -> str:
+    """The table row of ``check`` (the check's name starts the line)."""
+    [line] = [line for line in out.splitlines() if line.startswith(check)]
+    return line
+
+
+def both_paths(gate: Gate, **kafka: Any) -> None:
+    gate.served("redis", finished=100)
+    gate.served("kafka", **{"finished": 100, **kafka})
+
+
+def test_a_clean_run_promotes(gate: Gate) -> None:
+    gate.verdicts(match=60)
+    both_paths(gate)
+    code, out, _ = gate.run("--window", "30m")
+    assert code == 0, out
+    assert "decision: PROMOTE (exit 0)" in out
+    assert row(out, "judged verdicts").split()[-1] == "ok"
+    assert "100.00 %" in row(out, "match rate")
+    assert row(out, "finished (kafka)").split()[-1] == "ok"
+    assert "+0.00 pp" in row(out, "failure rate delta")
+    assert "1.00 (1000 / 1000 ms)" in row(out, "processing p99 ratio")
+    assert "served 20 % (KAFKA_SERVE_PERCENT), cap none, served now 20 %" in out
+    assert "60 final verdicts, 60 match, 0 mismatch, 0 missing_in_kafka" in out
+
+
+def test_below_the_minimum_sample_holds(gate: Gate) -> None:
+    gate.verdicts(match=10)
+    gate.served("redis", finished=100)
+    gate.served("kafka", finished=20)
+    code, out, _ = gate.run()
+    assert code == 1, out
+    assert "decision: HOLD (exit 1)" in out
+    assert f"only 10 judged verdicts (GATE_MIN_SAMPLE={MIN_SAMPLE})" in out
+    assert f"only 20 kafka-path tasks finished (GATE_MIN_SAMPLE={MIN_SAMPLE})" in out
+    assert row(out, "finished (redis)").split()[-1] == "ok"
+
+
+def test_a_higher_kafka_failure_rate_rolls_back(gate: Gate) -> None:
+    gate.verdicts(match=60)
+    both_paths(gate, failed=5)  # 5 % against 0 %
+    code, out, _ = gate.run()
+    assert code == 3, out
+    assert "decision: ROLLBACK (exit 3)" in out
+    line = row(out, "failure rate delta")
+    assert "+5.00 pp (5.00 % vs 0.00 %)" in line and line.endswith("rollback")
+    assert "kafka fails +5.00 pp more than redis (> 1)" in out
+
+
+def test_a_slow_kafka_p99_rolls_back(gate: Gate) -> None:
+    gate.verdicts(match=60)
+    both_paths(gate, processing_ms=2400.0)  # the 2500 ms bucket against redis's 1000 ms
+    code, out, _ = gate.run()
+    assert code == 3, out
+    assert row(out, "processing p99 ratio").endswith("rollback")
+    assert "kafka processing p99 is 2.50x redis's (> 2)" in out
+
+
+def test_warning_levels_hold(gate: Gate) -> None:
+    gate.verdicts(match=60)
+    gate.served("redis", finished=400)
+    gate.served("kafka", finished=400, failed=3, processing_ms=2400.0)  # +0.75 pp, 2.5x
+    code, out, _ = gate.run(GATE_MAX_P99_RATIO="3")
+    assert code == 1, out
+    assert row(out, "failure rate delta").endswith("hold")
+    assert row(out, "processing p99 ratio").endswith("hold")
+    assert "kafka fails +0.75 pp more than redis (> warn 0.5)" in out
+    assert "kafka processing p99 is 2.50x redis's (> warn 1.5)" in out
+
+
+def test_missing_verdicts_and_a_low_match_rate_roll_back(gate: Gate) -> None:
+    gate.verdicts(match=58, mismatch=1, missing_in_kafka=1)
+    both_paths(gate)
+    code, out, _ = gate.run("--json")
+    assert code == 3, out
+    report = json.loads(out)
+    assert report["decision"]["code"] == 3
+    assert report["judged"]["judged"] == 60
+    assert report["judged"]["mismatch"] == report["judged"]["missing_in_kafka"] == 1
+    verdicts = {check["check"]: check["verdict"] for check in report["checks"]}
+    assert verdicts["match rate"] == "rollback"
+    assert verdicts["missing_in_kafka + missing_primary"] == "rollback"
+    assert report["served"]["kafka"]["finished"] == 100
+    assert report["served"]["kafka"]["processing_p99_ms"] == 1000
+    assert report["share"] == {"judged": 50, "served": 20, "cap": None, "served_effective": 20}
+
+
+def test_at_a_served_share_of_zero_the_judged_evidence_decides(gate: Gate) -> None:
+    gate.verdicts(match=60)
+    gate.served("redis", finished=5)  # far below the sample, and no Kafka task at all
+    code, out, _ = gate.run(KAFKA_SERVE_PERCENT="0")
+    assert code == 0, out
+    for check in ("finished (redis)", "finished (kafka)", "failure rate", "processing p99"):
+        assert row(out, check).endswith("n/a"), out
+    gate.served("kafka", finished=5)  # a share lowered since: Kafka tasks in the window
+    code, out, _ = gate.run(KAFKA_SERVE_PERCENT="0")
+    assert code == 1, out
+    assert row(out, "finished (kafka)").endswith("hold")
+
+
+def test_apply_lowers_the_cap_only_on_a_rollback(gate: Gate) -> None:
+    gate.verdicts(match=60)
+    both_paths(gate)
+    code, out, _ = gate.run("--apply")  # promote: nothing done
+    assert code == 0 and gate.cap is None, out
+    gate.served("kafka", finished=100, failed=10)  # now 5 % of 200 against 0 %
+    code, out, _ = gate.run("--apply")
+    assert code == 3, out
+    assert gate.cap == b"0"
+    assert f"cap {gate.keys.cap} lowered to 0 (was unset): RAGFlow serves 0 % from Kafka" in out
+    # A cap already at 0 stays 0, and a hold does not touch it.
+    code, out, _ = gate.run("--apply")
+    assert code == 3 and gate.cap == b"0"
+    assert f"cap {gate.keys.cap} already 0" in out
+    code, out, _ = gate.run("--apply", "--window", "1s")  # no evidence that recent: hold
+    assert code == 1 and gate.cap == b"0", out
+    assert "served now 0 %" in out
+
+
+def test_apply_never_raises_a_cap(gate: Gate) -> None:
+    gate.verdicts(match=60)
+    both_paths(gate, failed=5)
+    gate.client.set(gate.keys.cap, "5")
+    code, out, _ = gate.run("--apply", "--json")
+    assert code == 3
+    assert json.loads(out)["action"].startswith(f"cap {gate.keys.cap} lowered to 0 (was 5)")
+    assert gate.cap == b"0"
+
+
+def test_clear_cap(gate: Gate) -> None:
+    gate.client.set(gate.keys.cap, "0")
+    code, out, _ = gate.run("--clear-cap")
+    assert code == 0
+    assert out.strip() == (
+        f"cap {gate.keys.cap} cleared (was 0): RAGFlow serves KAFKA_SERVE_PERCENT=20 % from "
+        "Kafka within SERVE_CAP_REFRESH_S=2 s"
+    )
+    assert gate.cap is None
+    code, out, _ = gate.run("--clear-cap")
+    assert code == 0 and out.startswith(f"no cap {gate.keys.cap} was set"), out
+
+
+@pytest.mark.parametrize(
+    ("window", "fragment"),
+    [
+        ("banana", "--window: 'banana' is not a duration"),
+        ("0m", "--window: '0m' does not reach into the past"),
+        ("3d", "--window: '3d' is longer than the 48 h kept"),
+    ],
+)
+def test_a_bad_window_is_one_error_line(gate: Gate, window: str, fragment: str) -> None:
+    code, out, err = gate.run("--window", window)
+    assert code == 2 and out == ""
+    [line] = err.strip().splitlines()
+    assert line == f"ragflow-sidecar: error: {fragment}" or line.startswith(
+        f"ragflow-sidecar: error: {fragment}"
+    ), err
+
+
+def test_unreachable_valkey_is_one_error_line(gate: Gate) -> None:
+    code, out, err = gate.run(REDIS_URL=f"redis://127.0.0.1:{free_port()}/1")
+    assert code == 2 and out == ""
+    [line] = err.strip().splitlines()
+    assert line.startswith("ragflow-sidecar: error: cannot reach Valkey at redis://127.0.0.1:")
