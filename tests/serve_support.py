@@ -1,0 +1,150 @@
+"""A served-share world for one test: its own streams, topics, Kafka group and Valkey keys,
+and the environment that a RAGFlow stand-in process and the sidecar's commands share."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import valkey.asyncio as avalkey
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from sidecar.local_stack import LocalStack
+from sidecar.routing import DEFAULT_ROUTES, PRIORITY_PARSE
+from sidecar.settings import Settings
+from tests.ragflow_support import StandinProcess, executions, standin_env, wait_until
+
+__all__ = ["ServeWorld", "by_path", "make_world"]
+
+
+@dataclass
+class ServeWorld:
+    """Names of one test's world and the environment built from them."""
+
+    stack: LocalStack
+    unique: str
+    tmp: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def streams(self) -> tuple[str, str]:
+        return f"{self.unique}.te.1.common", f"{self.unique}.te.0.common"
+
+    @property
+    def results(self) -> str:
+        return f"{self.unique}:results"
+
+    @property
+    def group(self) -> str:
+        return f"{self.unique}-executors"
+
+    def settings(self, **overrides: str) -> Settings:
+        """The sidecar's settings in this world (as the compose .env would share them)."""
+        names = (
+            "REDIS_URL",
+            "KAFKA_BOOTSTRAP_SERVERS",
+            "MIRROR_STREAMS",
+            "MIRROR_PRIORITY_STREAMS",
+            "MIRROR_ROUTES",
+            "KAFKA_CONSUMER_GROUP",
+            "SERVE_KEY_PREFIX",
+            "KAFKA_TRAFFIC_PERCENT",
+            "KAFKA_SERVE_PERCENT",
+            "MQ_BACKEND",
+        )
+        values = {name: self.env[name] for name in names if name in self.env}
+        return Settings.from_env({**values, **overrides})
+
+    def child_env(self, install: bool = True, **overrides: str) -> dict[str, str]:
+        return {**standin_env(self.stack, prefix=self.unique, results_key=self.results,
+                              install=install, extra=self.env), **overrides}  # fmt: skip
+
+    def executor(self, name: str, install: bool = True, **overrides: str) -> StandinProcess:
+        return StandinProcess.executor(self.child_env(install, **overrides), self.tmp, name)
+
+    def api(
+        self, out: str, *, docs: int, tasks_per_doc: int, install: bool = True, **overrides: str
+    ) -> tuple[StandinProcess, Path]:
+        path = self.tmp / out
+        process = StandinProcess.api(
+            self.child_env(install, **overrides), self.tmp, path, docs=docs,
+            tasks_per_doc=tasks_per_doc,
+        )  # fmt: skip
+        return process, path
+
+    async def executed(self, client: avalkey.Valkey) -> list[dict[str, Any]]:
+        return await executions(client, self.results)
+
+    async def wait_executed(
+        self, client: avalkey.Valkey, task_ids: set[str], timeout_s: float = 240.0
+    ) -> list[dict[str, Any]]:
+        """Wait until every task of ``task_ids`` was executed at least once."""
+        records: list[dict[str, Any]] = []
+
+        async def done() -> bool:
+            nonlocal records
+            records = await self.executed(client)
+            return task_ids <= {str(r["task_id"]) for r in records}
+
+        await wait_until(done, timeout_s, interval_s=0.25, what=f"{len(task_ids)} executions")
+        return records
+
+    async def wait_members(self, count: int, timeout_s: float = 60.0) -> None:
+        """Wait until the executors' Kafka group is stable with ``count`` members."""
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.stack.kafka.bootstrap_servers)
+        await admin.start()
+        try:
+
+            async def stable() -> bool:
+                try:
+                    responses = await admin.describe_consumer_groups([self.group])
+                except Exception:  # no coordinator yet for a new group
+                    return False
+                for response in responses:
+                    for group in response.to_object()["groups"]:
+                        if group["state"] == "Stable" and len(group["members"]) == count:
+                            return True
+                return False
+
+            await wait_until(stable, timeout_s, interval_s=0.2, what=f"{count} group members")
+        finally:
+            await admin.close()
+
+
+async def make_world(stack: LocalStack, unique: str, tmp: Path, **env: str) -> ServeWorld:
+    """Create the world's topics (priority 2 partitions, the rest 4) and its environment."""
+    world = ServeWorld(stack, unique, tmp)
+    tasks_topic, priority_topic = f"{unique}.tasks", f"{unique}.tasks.priority"
+    routes = {pattern: tasks_topic for pattern in DEFAULT_ROUTES}
+    routes[PRIORITY_PARSE] = priority_topic
+    admin = AIOKafkaAdminClient(bootstrap_servers=stack.kafka.bootstrap_servers)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(tasks_topic, 4, 1), NewTopic(priority_topic, 2, 1)])
+    finally:
+        await admin.close()
+    high, low = world.streams
+    world.env = {
+        "MQ_BACKEND": "split",
+        "KAFKA_TRAFFIC_PERCENT": "100",
+        "KAFKA_SERVE_PERCENT": "50",
+        "MIRROR_STREAMS": f"{high},{low}",
+        "MIRROR_PRIORITY_STREAMS": high,
+        "MIRROR_ROUTES": json.dumps(routes),
+        "KAFKA_CONSUMER_GROUP": world.group,
+        "SERVE_KEY_PREFIX": unique,
+        "SERVE_SESSION_TIMEOUT_MS": "6000",
+        "REDIS_URL": stack.valkey.url,
+        "KAFKA_BOOTSTRAP_SERVERS": stack.kafka.bootstrap_servers,
+        **env,
+    }
+    return world
+
+
+def by_path(records: list[Mapping[str, Any]]) -> Counter[str]:
+    """Executions per path: a Kafka record's id is topic:partition:offset, a Redis one ms-seq."""
+    return Counter("kafka" if ":" in str(r["msg_id"]) else "redis" for r in records)

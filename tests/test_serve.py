@@ -1,0 +1,178 @@
+"""The executed share: RAGFlow-like processes that load ``ragflow_mq.install()`` through
+sitecustomize, against the session's real Valkey and Kafka."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import valkey.asyncio as avalkey
+
+from ragflow_mq.contract import Keys
+from sidecar.drain import drain_to_redis
+from sidecar.local_stack import LocalStack
+from sidecar.reconcile import reconcile
+from tests.ragflow_support import assert_exactly_once, pending_count, read_produced, wait_until
+from tests.serve_support import ServeWorld, by_path, make_world
+
+RAGFLOW_GROUP = "rag_flow_svr_task_broker"
+
+
+async def _stream_task_ids(client: avalkey.Valkey, world: ServeWorld) -> set[str]:
+    ids = set()
+    for stream in world.streams:
+        for _entry_id, fields in await client.xrange(stream):
+            ids.add(json.loads(fields[b"message"])["id"])
+    return ids
+
+
+async def _no_redis_pending(client: avalkey.Valkey, world: ServeWorld) -> None:
+    async def none_pending() -> bool:
+        return await pending_count(client, world.streams, RAGFLOW_GROUP) == 0
+
+    await wait_until(none_pending, 30, what="no Redis entry pending")
+
+
+def _order_key(msg_id: str) -> tuple[int, ...]:
+    """Queue order of a message id: a Kafka offset, or a stream entry id's two numbers."""
+    if ":" in msg_id:
+        return (int(msg_id.rsplit(":", 1)[1]),)
+    ms, _, seq = msg_id.partition("-")
+    return int(ms), int(seq)
+
+
+def _assert_each_document_in_order_on_one_path(records: list[dict[str, Any]]) -> None:
+    """A document's tasks are all on one path, queued in page order (offsets of one partition,
+    or entry ids of one stream), whatever order concurrent slots then finished them in."""
+    docs: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for record in records:
+        docs[str(record["doc_id"])].append(record)
+    for doc, tasks in docs.items():
+        paths = {":" in str(r["msg_id"]) for r in tasks}
+        assert len(paths) == 1, f"document {doc} split across the paths"
+        if True in paths:
+            assert len({str(r["msg_id"]).rsplit(":", 1)[0] for r in tasks}) == 1, doc
+        queued = sorted(tasks, key=lambda r: _order_key(str(r["msg_id"])))
+        pages = [int(r["from_page"]) for r in queued]
+        assert pages == sorted(pages), f"document {doc} queued out of page order: {pages}"
+
+
+async def test_half_served_every_task_executed_exactly_once(
+    stack: LocalStack, unique: str, tmp_path: Path, valkey_client: avalkey.Valkey
+) -> None:
+    world = await make_world(stack, unique, tmp_path, KAFKA_SERVE_PERCENT="50")
+    with (
+        world.executor("task_executor_common_a_0") as a,
+        world.executor("task_executor_common_b_0") as b,
+    ):
+        await world.wait_members(2)
+        api, out = world.api("produced.jsonl", docs=250, tasks_per_doc=20)
+        with api:
+            assert await api.await_exit(300) == 0, api.log_text()
+        produced = read_produced(out)
+        assert len(produced) == 5000 and all(p["ok"] for p in produced)
+        ids = {str(p["task_id"]) for p in produced}
+        records = await world.wait_executed(valkey_client, ids)
+        # Anything still to come (a second execution) would show within a commit interval.
+        await _no_redis_pending(valkey_client, world)
+        a.terminate()
+        b.terminate()
+    records = await world.executed(valkey_client)
+    assert_exactly_once(ids, records)
+    _assert_each_document_in_order_on_one_path(records)
+    paths = by_path(records)
+    assert 0.3 < paths["kafka"] / len(ids) < 0.7, paths
+    kafka_ids = {str(r["task_id"]) for r in records if ":" in str(r["msg_id"])}
+    in_streams = await _stream_task_ids(valkey_client, world)
+    assert not kafka_ids & in_streams, "a served task was also written to a Redis stream"
+    assert in_streams == ids - kafka_ids
+    assert {r["consumer"] for r in records} == {
+        "task_executor_common_a_0",
+        "task_executor_common_b_0",
+    }
+    # The evidence the gate reads agrees with what was executed.
+    totals = await valkey_client.hgetall(Keys(unique).evidence_total)
+    assert int(totals[b"kafka:finished"]) == paths["kafka"]
+    assert int(totals[b"redis:finished"]) == paths["redis"]
+    assert int(totals[b"kafka:produced"]) == paths["kafka"]
+
+
+async def test_killed_executor_holding_kafka_tasks_loses_none(
+    stack: LocalStack, unique: str, tmp_path: Path, valkey_client: avalkey.Valkey
+) -> None:
+    world = await make_world(stack, unique, tmp_path, KAFKA_SERVE_PERCENT="100")
+    name = "task_executor_common_k_0"
+    first = world.executor(name, STANDIN_WORK_MS="200")
+    with first:
+        await world.wait_members(1)
+        api, out = world.api("produced.jsonl", docs=20, tasks_per_doc=10)
+        with api:
+            assert await api.await_exit(120) == 0, api.log_text()
+        ids = {str(p["task_id"]) for p in read_produced(out)}
+
+        async def working() -> bool:
+            return len(await world.executed(valkey_client)) >= 30
+
+        await wait_until(working, 120, what="30 executions before the kill")
+        first.kill()
+    before = await world.executed(valkey_client)
+    assert by_path(before) == {"kafka": len(before)}
+    with world.executor(name, STANDIN_WORK_MS="0") as second:
+        records = await world.wait_executed(valkey_client, ids, timeout_s=180)
+        second.terminate()
+    records = await world.executed(valkey_client)
+    counts = defaultdict(int)
+    for record in records:
+        counts[str(record["task_id"])] += 1
+    assert set(counts) == ids, "a task was lost"
+    doubled = sum(n - 1 for n in counts.values())
+    # At-least-once: at most what the killed executor held (running + fetched ahead) plus
+    # what it finished within one commit interval.
+    assert doubled <= 5 + 5 + 5, f"{doubled} executed twice"
+    print(f"kill -9 with Kafka tasks in hand: {len(ids)} tasks, 0 lost, {doubled} executed twice")
+
+
+async def test_roll_back_mid_stream_then_drain_to_redis_loses_and_doubles_nothing(
+    stack: LocalStack, unique: str, tmp_path: Path, valkey_client: avalkey.Valkey
+) -> None:
+    world = await make_world(stack, unique, tmp_path, KAFKA_SERVE_PERCENT="50")
+    keys = Keys(unique)
+    with world.executor("task_executor_common_r_0", STANDIN_WORK_MS="20") as executor:
+        await world.wait_members(1)
+        first, first_out = world.api("first.jsonl", docs=40, tasks_per_doc=10)
+        with first:
+            assert await first.await_exit(120) == 0, first.log_text()
+        # Roll back to 0 % with the cap (what `gate --apply` writes): new documents go to
+        # Redis, while the Kafka tasks already queued are still executed from Kafka.
+        await valkey_client.set(keys.cap, "0")
+        second, second_out = world.api("second.jsonl", docs=40, tasks_per_doc=10)
+        with second:
+            assert await second.await_exit(120) == 0, second.log_text()
+        # Stop the executor with served tasks still unconsumed in Kafka.
+        executor.terminate()
+    done_before = await world.executed(valkey_client)
+    first_ids = {str(p["task_id"]) for p in read_produced(first_out)}
+    second_ids = {str(p["task_id"]) for p in read_produced(second_out)}
+    assert second_ids <= await _stream_task_ids(valkey_client, world), "cap not applied"
+
+    report = await drain_to_redis(world.settings(), timeout_s=60)
+    assert report.complete
+    moved = sum(report.moved.values())
+    kafka_done = {str(r["task_id"]) for r in done_before if ":" in str(r["msg_id"])}
+    assert moved > 0, "nothing was left in Kafka to drain: make the executor slower"
+    print(f"roll-back: {len(kafka_done)} served tasks executed from Kafka, {moved} drained")
+    # A second drain finds nothing left: each record moved once.
+    again = await drain_to_redis(world.settings(), timeout_s=60)
+    assert sum(again.moved.values()) == 0
+
+    # Executors back on Redis alone (what MQ_BACKEND=redis gives after removing Kafka).
+    with world.executor("task_executor_common_r_0", install=False) as executor:
+        records = await world.wait_executed(valkey_client, first_ids | second_ids)
+        await _no_redis_pending(valkey_client, world)
+        executor.terminate()
+    records = await world.executed(valkey_client)
+    assert_exactly_once(first_ids | second_ids, records)
+    result = await reconcile(world.settings(), traffic_percent=0)
+    assert result.ok, result

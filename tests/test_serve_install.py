@@ -1,0 +1,178 @@
+"""``install()`` in one process with the RAGFlow stand-in: what it leaves unchanged, what it
+refuses, and what it does when Kafka is away."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import valkey
+
+import ragflow_mq
+from sidecar.local_stack import LocalStack
+from sidecar.settings import Settings
+from tests.conftest import free_port
+from tests.ragflow_support import STANDIN_ROOT, StandinProcess, standin_env
+from tests.serve_support import make_world
+
+GROUP = "rag_flow_svr_task_broker"
+
+
+@pytest.fixture
+def redis_conn(stack: LocalStack, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    """The stand-in's ``rag.utils.redis_conn``, imported in this process."""
+    monkeypatch.setenv("REDIS_URL", stack.valkey.url)
+    monkeypatch.syspath_prepend(str(STANDIN_ROOT))
+    module = importlib.import_module("rag.utils.redis_conn")
+    yield module
+    ragflow_mq.uninstall()
+
+
+def _tasks(doc: str, count: int) -> list[dict[str, Any]]:
+    # Fixed content, so that two runs can be compared byte for byte.
+    return [
+        {"id": f"{doc}{i:04d}", "doc_id": doc, "from_page": 12 * i, "to_page": 12 * i + 12,
+         "progress": 0.0, "name": "caf\u00e9 \u6587\u6863.pdf", "priority": 0}
+        for i in range(count)
+    ]  # fmt: skip
+
+
+class _Monitor:
+    """Every command Valkey executes while the block runs, as text."""
+
+    def __init__(self, url: str) -> None:
+        self._client = valkey.Valkey.from_url(url)
+        self.commands: list[str] = []
+        self._thread = threading.Thread(target=self._listen, daemon=True)
+        self._ready = threading.Event()
+
+    def _listen(self) -> None:
+        with self._client.monitor() as monitor:
+            self._ready.set()
+            for event in monitor.listen():
+                command = str(event["command"])
+                if command.startswith("ECHO") and "monitor-stop" in command:
+                    return
+                self.commands.append(command)
+
+    def __enter__(self) -> _Monitor:
+        self._thread.start()
+        self._ready.wait(10)
+        self._client.ping()  # the monitor's connection is live before anything is measured
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._client.echo("monitor-stop")
+        self._thread.join(10)
+        self._client.close()
+
+
+def _run_ragflow(module: ModuleType, prefix: str, docs: int) -> None:
+    """What RAGFlow's API and one executor do: queue, then collect, handle and ack all."""
+    conn = module.REDIS_CONN
+    high, low = f"{prefix}.te.1.common", f"{prefix}.te.0.common"
+    for d in range(docs):
+        for task in _tasks(f"doc{d}", 3):
+            assert conn.queue_product(low, task)
+    list(conn.get_unacked_iterator([high, low], GROUP, "task_executor_common_x_0"))
+    handled = 0
+    while handled < docs * 3:
+        for queue in (high, low):
+            message = conn.queue_consumer(queue, GROUP, "task_executor_common_x_0")
+            if message is not None:
+                assert message.get_message()["doc_id"].startswith("doc")
+                assert message.ack()
+                handled += 1
+                break
+
+
+def _normalise(commands: list[str], prefix: str) -> list[str]:
+    """RAGFlow's commands on its own keys, with this run's names and entry ids replaced."""
+    ours = [c for c in commands if prefix in c]
+    return [re.sub(r"\d{13}-\d+", "<id>", c.replace(prefix, "<p>")) for c in ours]
+
+
+async def test_redis_traffic_is_byte_identical_without_install_and_at_zero_percent(
+    stack: LocalStack, unique: str, tmp_path: Path, redis_conn: ModuleType
+) -> None:
+    world = await make_world(stack, unique, tmp_path)
+    client = valkey.Valkey.from_url(stack.valkey.url)
+    runs: dict[str, tuple[list[str], list[Any]]] = {}
+    for label in ("without", "zero"):
+        prefix = f"{unique}{label}"
+        if label == "zero":
+            settings = Settings.from_env(
+                {**world.env, "KAFKA_SERVE_PERCENT": "0",
+                 "MIRROR_STREAMS": f"{prefix}.te.1.common,{prefix}.te.0.common"}
+            )  # fmt: skip
+            assert ragflow_mq.install(settings)
+            assert redis_conn.REDIS_CONN.queue_product != type(redis_conn.REDIS_CONN).queue_product
+        with _Monitor(stack.valkey.url) as monitor:
+            _run_ragflow(redis_conn, prefix, docs=5)
+        entries = [fields for _id, fields in client.xrange(f"{prefix}.te.0.common")]
+        runs[label] = (_normalise(monitor.commands, prefix), entries)
+        ragflow_mq.uninstall()
+    assert runs["without"][1] == runs["zero"][1], "the stream entries differ"
+    assert runs["without"][0] == runs["zero"][0], "RAGFlow's Redis commands differ"
+    names = {c.split()[0].strip('"').upper() for c in runs["zero"][0]}
+    assert {"XADD", "XREADGROUP", "XACK"} <= names, names
+    client.close()
+
+
+def test_install_with_redis_backend_touches_nothing(redis_conn: ModuleType) -> None:
+    before = dict(vars(redis_conn.REDIS_CONN))
+    assert ragflow_mq.install(Settings.from_env({"MQ_BACKEND": "redis"})) is False
+    assert dict(vars(redis_conn.REDIS_CONN)) == before
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "extra"),
+    [
+        ("MQ_BACKEND", "kafak", {}),
+        ("KAFKA_SERVE_PERCENT", "150", {"MQ_BACKEND": "split"}),
+        ("KAFKA_SERVE_PERCENT", "60", {"MQ_BACKEND": "split", "KAFKA_TRAFFIC_PERCENT": "50"}),
+        ("KAFKA_SERVE_PERCENT", "ten", {"MQ_BACKEND": "split"}),
+        ("SERVE_PREFETCH", "50", {"MQ_BACKEND": "split", "MAX_CONCURRENT_TASKS": "5"}),
+    ],
+)
+def test_a_broken_setting_stops_the_ragflow_process_naming_the_variable(
+    stack: LocalStack, unique: str, tmp_path: Path, variable: str, value: str,
+    extra: dict[str, str],
+) -> None:  # fmt: skip
+    env = standin_env(stack, prefix=unique, results_key=unique, install=True,
+                      extra={**extra, variable: value})  # fmt: skip
+    with StandinProcess.executor(env, tmp_path, "task_executor_common_bad_0") as process:
+        assert process.wait(60) == 2
+        log = process.log_text()
+    assert f"ragflow_mq: error: {variable}" in log, log
+    assert "Traceback" not in log
+
+
+async def test_kafka_away_at_produce_time_returns_false_and_writes_nothing(
+    stack: LocalStack, unique: str, tmp_path: Path, redis_conn: ModuleType
+) -> None:
+    world = await make_world(stack, unique, tmp_path)
+    values = {**world.env, "KAFKA_SERVE_PERCENT": "100", "SERVE_PRODUCE_TIMEOUT_MS": "500",
+              "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}"}  # fmt: skip
+    assert ragflow_mq.install(Settings.from_env(values))
+    task = _tasks("docaway", 1)[0]
+    assert redis_conn.REDIS_CONN.queue_product(world.streams[1], task) is False
+    client = valkey.Valkey.from_url(stack.valkey.url)
+    assert client.exists(world.streams[1]) == 0, "a task Kafka refused went to Redis"
+    client.close()
+    # Back to a reachable Kafka: the same call succeeds (nothing was left half done).
+    ragflow_mq.uninstall()
+    assert ragflow_mq.install(Settings.from_env({**values, **world.env,
+                                                 "KAFKA_SERVE_PERCENT": "100"}))  # fmt: skip
+    assert redis_conn.REDIS_CONN.queue_product(world.streams[1], task) is True
+
+
+def test_the_sitecustomize_directory_ships_in_the_package() -> None:
+    site = Path(ragflow_mq.__file__).parent / "sitecustomize" / "sitecustomize.py"
+    assert "import ragflow_mq._sitecustomize" in site.read_text()
