@@ -33,10 +33,10 @@ from sidecar.mq.base import Lifecycle
 from sidecar.mq.kafka import KafkaConsumer, KafkaProducer
 from sidecar.mq.message import QueueMessage, header_text
 from sidecar.mq.redis_streams import translate_valkey_errors
+from sidecar.routing import RouteTable
 from sidecar.served import is_served
 from sidecar.settings import Settings
 from sidecar.shadow_records import decode_record, int_or_none, mirror_ref
-from sidecar.topics import PARSE_PRIORITY_TOPIC, TASK_TOPICS
 
 logger = logging.getLogger(__name__)
 
@@ -69,12 +69,18 @@ class ShadowConsumer(Lifecycle):
         judge: Judge,
         *,
         handler: NamedHandler | None = None,
-        topics: tuple[str, ...] = TASK_TOPICS,
+        topics: tuple[str, ...] | None = None,
         consumer_overrides: dict[str, Any] | None = None,
         on_processed: Callable[[float | None, float], None] | None = None,
     ) -> None:
-        """``on_processed(queue_wait_ms, processing_ms)`` is told of each task run (metrics)."""
+        """``on_processed(queue_wait_ms, processing_ms)`` is told of each task run (metrics).
+
+        ``topics`` default to the mirror's route table (``MIRROR_ROUTES`` included): the
+        shadow reads wherever the mirror writes."""
         super().__init__()
+        routes = RouteTable(settings.mirror.routes)
+        if topics is None:
+            topics = tuple(routes.ordered_topics())
         self._on_processed = on_processed
         self.settings = settings
         self.stats = ShadowStats()
@@ -97,7 +103,7 @@ class ShadowConsumer(Lifecycle):
         self._client = judge.join_client
         self._where = settings.redis.display_url
         self._order = OrderTracker()
-        self._priority_topics = [t for t in topics if t == PARSE_PRIORITY_TOPIC]
+        self._priority_topics = [t for t in topics if t == routes.priority_parse_topic]
         self._pinned = False  # SHADOW_START=latest positions committed once per start
 
     async def _start(self) -> None:
