@@ -10,6 +10,7 @@ before ``queue_product`` returns True, exactly as the XADD it replaces.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -51,6 +52,7 @@ class ServeProducer:
         self._recorder = recorder
         self._priority_streams = frozenset(settings.mirror.priority_streams)
         self._sticky: OrderedDict[str, tuple[bool, float]] = OrderedDict()
+        self._sticky_lock = threading.Lock()  # RAGFlow's API may call from several threads
         self._producer: KafkaProducer | None = None
         timeout_ms = settings.serve.produce_timeout_ms
         # One try: the producer's own delivery timeout, plus room for a cold start.
@@ -60,16 +62,18 @@ class ServeProducer:
         """The Kafka route of a served task, or ``None`` for one that stays on Redis."""
         priority = 1 if queue in self._priority_streams else 0
         route = self._routes.route(message, priority)
+        percent = self._percent()
         now = time.monotonic()
-        remembered = self._sticky.get(route.key)
-        if remembered is not None and now - remembered[1] <= self._settings.serve.sticky_s:
-            served = remembered[0]
-        else:
-            served = in_traffic_share(route.key, self._percent())
-        self._sticky[route.key] = (served, now)
-        self._sticky.move_to_end(route.key)
-        if len(self._sticky) > _STICKY_LIMIT:
-            self._sticky.popitem(last=False)
+        with self._sticky_lock:
+            remembered = self._sticky.get(route.key)
+            if remembered is not None and now - remembered[1] <= self._settings.serve.sticky_s:
+                served = remembered[0]
+            else:
+                served = in_traffic_share(route.key, percent)
+            self._sticky[route.key] = (served, now)
+            self._sticky.move_to_end(route.key)
+            if len(self._sticky) > _STICKY_LIMIT:
+                self._sticky.popitem(last=False)
         return route if served else None
 
     def produce(self, queue: str, message: Mapping[str, Any], route: Route) -> bool:

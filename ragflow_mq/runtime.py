@@ -1,0 +1,257 @@
+"""What ``install()`` runs in one RAGFlow process: the loop, the producer, the consumer, the
+cap and the evidence, and RAGFlow's ``RedisMsg`` timed for the evidence."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ragflow_mq.cap import effective_percent, parse_cap
+from ragflow_mq.consumer import KafkaTask, ServeConsumer
+from ragflow_mq.contract import Keys
+from ragflow_mq.evidence import Recorder, write
+from ragflow_mq.failures import watch_failures
+from ragflow_mq.loop import BackgroundLoop
+from ragflow_mq.producer import ServeProducer
+from sidecar.routing import RouteTable
+from sidecar.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+PATCHED = ("queue_product", "queue_consumer", "get_unacked_iterator", "queue_info")
+_ENTRY_ID = re.compile(r"^(\d+)-\d+$")
+_CONSUMER_RETRY_S = 5.0
+_CLOSE_TIMEOUT_S = 10.0
+
+
+class RedisTask:
+    """RAGFlow's own ``RedisMsg``, with its hand-out and ack timed for the evidence."""
+
+    def __init__(self, runtime: Runtime, message: Any) -> None:
+        self._runtime = runtime
+        self._message = message
+        self.handed_out_s = time.time()
+        self._acked = False
+
+    def get_message(self) -> Any:
+        return self._message.get_message()
+
+    def get_msg_id(self) -> Any:
+        return self._message.get_msg_id()
+
+    def ack(self) -> bool:
+        ok = bool(self._message.ack())
+        if not self._acked:
+            self._acked = True
+            self._runtime.finished("redis", self)
+        return ok
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._message, name)
+
+
+class Runtime:
+    """Everything ``install()`` runs in one process: the loop, the producer, the consumer
+    (started on the first consuming call, with RAGFlow's consumer name), the cap and the
+    evidence. ``close()`` runs at exit."""
+
+    def __init__(self, settings: Settings, conn: Any) -> None:
+        self.settings = settings
+        self.keys = Keys(settings.serve.key_prefix)
+        self.loop = BackgroundLoop()
+        self.recorder = Recorder()
+        self.routes = RouteTable(settings.mirror.routes)
+        self._conn = conn
+        self.originals: dict[str, Callable[..., Any]] = {n: getattr(conn, n) for n in PATCHED}
+        self.producer = ServeProducer(settings, self.loop, self.routes, self.percent, self.recorder)
+        self.consumer: ServeConsumer | None = None
+        self._lock = threading.Lock()
+        self._background = False
+        self._consumer_retry_at = 0.0
+        self._cap: float | None = None
+        self._cap_warned = False
+        self._paths: dict[str, str] = {}  # task id -> path, while RAGFlow holds the task
+        self._redis_busy: dict[str, bool] = {}
+        self._redis_turn: dict[str, bool] = {}
+        self._closed = False
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        """A forked child (a pre-forking server) has no loop thread and no client of its own:
+        it starts afresh, and its parent's unflushed evidence stays the parent's."""
+        self.loop = BackgroundLoop()
+        self.recorder = Recorder()
+        self.producer = ServeProducer(
+            self.settings, self.loop, self.routes, self.percent, self.recorder
+        )
+        self.consumer = None
+        self._lock = threading.Lock()
+        self._background = False
+        self._paths.clear()
+
+    def redis(self) -> Any:
+        """RAGFlow's own synchronous client, looked up each time (RAGFlow may reopen it)."""
+        return self._conn.REDIS
+
+    # -- the share ---------------------------------------------------------------------------
+
+    def percent(self) -> float:
+        self._ensure_background()
+        return effective_percent(self.settings.serve.percent, self._cap)
+
+    def _read_cap(self) -> None:
+        try:
+            raw = self.redis().get(self.keys.cap)
+        except Exception as exc:
+            if not self._cap_warned:
+                self._cap_warned = True
+                logger.warning(
+                    "ragflow_mq cannot read the serve cap (keeping %s): %s", self._cap, exc
+                )
+            return
+        self._cap_warned = False
+        cap = parse_cap(raw)
+        if raw is not None and cap is None:
+            logger.warning("ragflow_mq: serve cap %r is not a number; serving the env share", raw)
+        if cap != self._cap:
+            logger.info("ragflow_mq: serve cap now %s", cap)
+        self._cap = cap
+
+    def _ensure_background(self) -> None:
+        if self._background:
+            return
+        with self._lock:
+            if self._background:
+                return
+            # Read once before the first decision: after a roll-back the cap may be 0.
+            self._read_cap()
+            self.loop.spawn(self._refresh_cap, "ragflow-mq-cap")
+            self.loop.spawn(self._flush_evidence, "ragflow-mq-evidence")
+            self._background = True
+
+    async def _refresh_cap(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.serve.cap_refresh_s)
+            await asyncio.to_thread(self._read_cap)
+
+    async def _flush_evidence(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.serve.evidence_flush_s)
+            await asyncio.to_thread(self.flush_evidence)
+
+    def flush_evidence(self) -> None:
+        pending = self.recorder.drain()
+        if not pending:
+            return
+        try:
+            pipe = self.redis().pipeline(transaction=False)
+            write(pipe, self.keys, pending)
+            pipe.execute()
+        except Exception as exc:
+            self.recorder.restore(pending)
+            logger.warning("ragflow_mq could not write its evidence (kept for later): %s", exc)
+
+    # -- consuming ---------------------------------------------------------------------------
+
+    def ensure_consumer(self, consumer_name: str) -> ServeConsumer | None:
+        """The Kafka side of this executor, started on first use; ``None`` while Kafka cannot
+        be reached (Redis work goes on meanwhile; a start is tried again every 5 s)."""
+        if self.consumer is not None or self._closed:
+            return self.consumer
+        with self._lock:
+            if self.consumer is not None or time.monotonic() < self._consumer_retry_at:
+                return self.consumer
+            watch_failures(self.failed)
+            consumer = ServeConsumer(
+                self.settings,
+                self.routes,
+                self.keys,
+                self.redis,
+                self.recorder,
+                consumer_name,
+                on_finished=self.forget,
+            )
+            try:
+                self.loop.run(consumer.start(), self.settings.kafka.request_timeout_ms / 1000 + 10)
+            except Exception as exc:
+                self._consumer_retry_at = time.monotonic() + _CONSUMER_RETRY_S
+                logger.warning(
+                    "ragflow_mq: Kafka consumer not started, Redis only for now: %s", exc
+                )
+                try:
+                    self.loop.run(consumer.stop(), 30)
+                except Exception:
+                    logger.debug("stopping a consumer that did not start", exc_info=True)
+                return None
+            self.loop.spawn(consumer.run_fetch, "ragflow-mq-fetch")
+            self.loop.spawn(consumer.run_commits, "ragflow-mq-commit")
+            self.consumer = consumer
+        self._ensure_background()
+        return consumer
+
+    def handed_out(self, path: str, task: KafkaTask | RedisTask, task_id: Any) -> None:
+        self._paths[str(task_id)] = path
+
+    def finished(self, path: str, task: RedisTask) -> None:
+        """A Redis task was acked (Kafka tasks are counted by their consumer)."""
+        self.recorder.count(path, "finished")
+        self.recorder.observe(path, "processing", (time.time() - task.handed_out_s) * 1000)
+        message = task.get_message()
+        if isinstance(message, dict):
+            self._paths.pop(str(message.get("id")), None)
+
+    def forget(self, task_id: str) -> None:
+        self._paths.pop(task_id, None)
+
+    def failed(self, task_id: Any) -> None:
+        path = self._paths.get(str(task_id))
+        if path is not None:
+            self.recorder.count(path, "failed")
+
+    def redis_task(self, message: Any, *, retried: bool) -> RedisTask | None:
+        if message is None or isinstance(message, RedisTask):
+            return message
+        task = RedisTask(self, message)
+        self.recorder.count("redis", "started")
+        if retried:
+            self.recorder.count("redis", "retried")
+        match = _ENTRY_ID.match(str(task.get_msg_id()))
+        if match:
+            self.recorder.observe("redis", "queue_wait", time.time() * 1000 - int(match[1]))
+        body = task.get_message()
+        if isinstance(body, dict):
+            self.handed_out("redis", task, body.get("id"))
+        return task
+
+    def kafka_first(self, queue: str) -> bool:
+        """Whether to offer Kafka's task before asking Redis: always while Redis's last read
+        of this queue found nothing, alternately while both have work (neither starves)."""
+        if not self._redis_busy.get(queue, False):
+            return True
+        turn = not self._redis_turn.get(queue, False)
+        self._redis_turn[queue] = turn
+        return not turn
+
+    def note_redis(self, queue: str, found: bool) -> None:
+        self._redis_busy[queue] = found
+
+    def close(self) -> None:
+        """Commit what is finished, leave the group, flush the evidence, stop the loop."""
+        if self._closed:
+            return
+        self._closed = True
+        consumer = self.consumer
+
+        async def stop_consumer() -> None:
+            if consumer is not None:
+                await consumer.stop()
+
+        self.loop.close([stop_consumer, self.producer.close], _CLOSE_TIMEOUT_S)
+        # From the calling thread: at interpreter exit the loop's thread pool is already shut.
+        self.flush_evidence()
