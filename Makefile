@@ -37,8 +37,8 @@ system-deps:
 	fi
 
 lint: $(STAMP)
-	$(BIN)/ruff check sidecar comparators ragflow_mq tests bench dashboards
-	$(BIN)/ruff format --check sidecar comparators ragflow_mq tests bench dashboards
+	$(BIN)/ruff check sidecar comparators ragflow_mq tests bench dashboards tools
+	$(BIN)/ruff format --check sidecar comparators ragflow_mq tests bench dashboards tools
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -50,6 +50,7 @@ test: lint typecheck pytest
 
 demo: $(STAMP)
 	$(BIN)/ragflow-sidecar demo $(DEMO_ARGS)
+	$(BIN)/python tools/shift_demo.py
 
 # Every benchmark in turn, each on a local stack of its own (docs/performance.md); a bench that
 # misses its target or fails its check exits non-zero and stops the run, so the two with
@@ -60,6 +61,7 @@ COMPARE_BENCH_ARGS ?=
 MIRROR_BENCH_ARGS  ?= --entries 100000
 OUTAGE_BENCH_ARGS  ?=
 E2E_BENCH_ARGS     ?=
+SERVE_BENCH_ARGS   ?=
 TRACING_BENCH_ARGS ?= --entries 5000 --mirror-entries 50000
 LOADAVG = echo "load average: $$(cut -d' ' -f1-3 /proc/loadavg)"
 
@@ -72,6 +74,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/outage_rss.py $(OUTAGE_BENCH_ARGS)
 	@$(LOADAVG)
 	$(BIN)/python bench/e2e_latency.py $(E2E_BENCH_ARGS)
+	@$(LOADAVG)
+	$(BIN)/python bench/serve_throughput.py $(SERVE_BENCH_ARGS)
 	@$(LOADAVG)
 	$(BIN)/python bench/tracing_overhead.py $(TRACING_BENCH_ARGS)
 	@$(LOADAVG)

@@ -10,12 +10,15 @@ from __future__ import annotations
 import os
 import sys
 
-from ragflow_mq.install import install
-from sidecar.errors import ConfigError
+# Every Python process of RAGFlow's container starts through here: with the default backend
+# nothing more is imported at all. Any other value, a wrong one included, is read and checked.
+if os.environ.get("MQ_BACKEND", "").strip() not in ("", "redis"):
+    from ragflow_mq.install import install
+    from sidecar.errors import ConfigError
 
-try:
-    install()
-except ConfigError as exc:
-    sys.stderr.write(f"ragflow_mq: error: {exc}\n")
-    sys.stderr.flush()
-    os._exit(2)
+    try:
+        install()
+    except ConfigError as exc:
+        sys.stderr.write(f"ragflow_mq: error: {exc}\n")
+        sys.stderr.flush()
+        os._exit(2)

@@ -93,6 +93,7 @@ class ServeConsumer:
         self._consumer: KafkaConsumer | None = None
         self._dlq: KafkaProducer | None = None
         self._stopping = False
+        self._tasks: list[asyncio.Task[None]] = []
         self._warned: set[str] = set()
 
     async def start(self) -> None:
@@ -111,28 +112,46 @@ class ServeConsumer:
         )
         await self._consumer.start()
         self._dlq = KafkaProducer(self._settings.kafka, linger_ms=0)
+        self._tasks = [
+            asyncio.create_task(self._keep_fetching(), name="ragflow-mq-fetch"),
+            asyncio.create_task(self.run_commits(), name="ragflow-mq-commit"),
+        ]
+
+    async def _keep_fetching(self) -> None:
+        """``run_fetch`` until ``stop()``, through Kafka's passing failures: a broker away
+        leaves the executor on Redis work meanwhile, not without a consumer for good."""
+        while not self._stopping:
+            try:
+                await self.run_fetch()
+            except SidecarError as exc:
+                logger.warning("fetching served tasks failed (again in 1 s): %s", exc)
+                await asyncio.sleep(1)
 
     async def run_fetch(self) -> None:
         """Keep the buffers filled up to the prefetch bound until ``stop()``."""
-        assert self._consumer is not None
         while not self._stopping:
             room = self._settings.serve.prefetch - self._buffered
             if room <= 0:
                 self._room.clear()
                 await self._room.wait()
                 continue
-            batch = await self._consumer.poll_batch(room, _FETCH_TIMEOUT_MS)
+            consumer = self._consumer
+            if consumer is None:
+                return
+            batch = await consumer.poll_batch(room, _FETCH_TIMEOUT_MS)
             if batch:
                 await self._accept(batch)
 
     async def run_commits(self) -> None:
         """Commit finished work at the configured pace until ``stop()``."""
-        assert self._consumer is not None
         interval_s = max(self._settings.serve.commit_interval_ms, 1) / 1000
         while not self._stopping:
             await asyncio.sleep(interval_s)
+            consumer = self._consumer
+            if self._stopping or consumer is None:
+                return  # stop() makes the last commit
             try:
-                await self._consumer.commit_due()
+                await consumer.commit_due()
             except SidecarError as exc:
                 logger.warning("could not commit finished tasks: %s", exc)
 
@@ -186,6 +205,20 @@ class ServeConsumer:
             logger.warning("could not count delivery attempts: %s", exc)
             return [1] * len(messages)
         return [int(reply) for reply in replies[::2]]
+
+    def _give_back(self, tasks: list[KafkaTask]) -> None:
+        """Records fetched ahead and never handed to RAGFlow were not attempted: their count
+        goes back down, so restarts and rebalances do not dead-letter a task nobody ran."""
+        if not tasks:
+            return
+        try:
+            pipe = self._redis().pipeline(transaction=False)
+            for task in tasks:
+                message = task.message
+                pipe.decr(self._keys.attempts(message.topic, message.partition, message.offset))
+            pipe.execute()
+        except Exception as exc:
+            logger.warning("could not give back %d delivery attempts: %s", len(tasks), exc)
 
     async def _dead_letter(self, message: QueueMessage, reason: str, detail: str) -> None:
         assert self._consumer is not None and self._dlq is not None
@@ -253,10 +286,13 @@ class ServeConsumer:
             return (task.message.topic, task.message.partition) in partitions
 
         with self._lock:
+            dropped: list[KafkaTask] = []
             for queue, buffer in self._buffers.items():
                 kept = deque(task for task in buffer if not revoked(task))
+                dropped += [task for task in buffer if revoked(task)]
                 self._buffered -= len(buffer) - len(kept)
                 self._buffers[queue] = kept
+        await asyncio.to_thread(self._give_back, dropped)
         self._room.set()
         deadline = time.monotonic() + self._settings.serve.revoke_wait_s
         while time.monotonic() < deadline:
@@ -275,6 +311,17 @@ class ServeConsumer:
         or is still running is not committed, so it is delivered again)."""
         self._stopping = True
         self._room.set()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        with self._lock:
+            unused = [task for buffer in self._buffers.values() for task in buffer]
+            for buffer in self._buffers.values():
+                buffer.clear()
+            self._buffered = 0
+        # Called at interpreter exit too, when the thread pool behind to_thread is gone.
+        self._give_back(unused)
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
             await consumer.stop()

@@ -81,6 +81,10 @@ class BackgroundLoop:
             future.cancel()
             raise TimeoutError(f"no result within {timeout_s} s") from None
 
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Start ``coro`` on the loop; the caller keeps the future and reads its outcome."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
     def call_soon(self, callback: Callable[..., object], *args: object) -> None:
         """Run a plain callback on the loop thread, without waiting."""
         self.loop.call_soon_threadsafe(callback, *args)

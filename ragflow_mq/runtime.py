@@ -4,6 +4,7 @@ cap and the evidence, and RAGFlow's ``RedisMsg`` timed for the evidence."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import re
@@ -74,8 +75,10 @@ class Runtime:
         self._lock = threading.Lock()
         self._background = False
         self._consumer_retry_at = 0.0
+        self._starting: concurrent.futures.Future[ServeConsumer] | None = None
         self._cap: float | None = None
         self._cap_warned = False
+        self._cap_evicted = False
         self._paths: dict[str, str] = {}  # task id -> path, while RAGFlow holds the task
         self._redis_busy: dict[str, bool] = {}
         self._redis_turn: dict[str, bool] = {}
@@ -91,6 +94,7 @@ class Runtime:
             self.settings, self.loop, self.routes, self.percent, self.recorder
         )
         self.consumer = None
+        self._starting = None
         self._lock = threading.Lock()
         self._background = False
         self._paths.clear()
@@ -105,7 +109,7 @@ class Runtime:
         self._ensure_background()
         return effective_percent(self.settings.serve.percent, self._cap)
 
-    def _read_cap(self) -> None:
+    def read_cap(self) -> None:
         try:
             raw = self.redis().get(self.keys.cap)
         except Exception as exc:
@@ -116,6 +120,18 @@ class Runtime:
                 )
             return
         self._cap_warned = False
+        if raw is None and self._cap is not None:
+            # `gate --clear-cap` writes 100, never deletes: a cap that vanished was evicted
+            # (RAGFlow's Valkey is an LRU cache), and must not raise the share by itself.
+            if not self._cap_evicted:
+                self._cap_evicted = True
+                logger.warning(
+                    "ragflow_mq: serve cap %s vanished (evicted?); keeping %g until it is set",
+                    self.keys.cap,
+                    self._cap,
+                )
+            return
+        self._cap_evicted = False
         cap = parse_cap(raw)
         if raw is not None and cap is None:
             logger.warning("ragflow_mq: serve cap %r is not a number; serving the env share", raw)
@@ -130,7 +146,7 @@ class Runtime:
             if self._background:
                 return
             # Read once before the first decision: after a roll-back the cap may be 0.
-            self._read_cap()
+            self.read_cap()
             self.loop.spawn(self._refresh_cap, "ragflow-mq-cap")
             self.loop.spawn(self._flush_evidence, "ragflow-mq-evidence")
             self._background = True
@@ -138,7 +154,7 @@ class Runtime:
     async def _refresh_cap(self) -> None:
         while True:
             await asyncio.sleep(self.settings.serve.cap_refresh_s)
-            await asyncio.to_thread(self._read_cap)
+            await asyncio.to_thread(self.read_cap)
 
     async def _flush_evidence(self) -> None:
         while True:
@@ -160,39 +176,45 @@ class Runtime:
     # -- consuming ---------------------------------------------------------------------------
 
     def ensure_consumer(self, consumer_name: str) -> ServeConsumer | None:
-        """The Kafka side of this executor, started on first use; ``None`` while Kafka cannot
-        be reached (Redis work goes on meanwhile; a start is tried again every 5 s)."""
+        """The Kafka side of this executor, or ``None`` until it has joined its group.
+
+        Started in the background on the first consuming call, so RAGFlow's call never waits
+        on Kafka: while Kafka cannot be reached the executor goes on with Redis work, and a
+        start is tried again every 5 s.
+        """
         if self.consumer is not None or self._closed:
             return self.consumer
         with self._lock:
-            if self.consumer is not None or time.monotonic() < self._consumer_retry_at:
-                return self.consumer
-            watch_failures(self.failed)
-            consumer = ServeConsumer(
-                self.settings,
-                self.routes,
-                self.keys,
-                self.redis,
-                self.recorder,
-                consumer_name,
-                on_finished=self.forget,
-            )
-            try:
-                self.loop.run(consumer.start(), self.settings.kafka.request_timeout_ms / 1000 + 10)
-            except Exception as exc:
+            starting = self._starting
+            if starting is not None and starting.done():
+                self._starting = None
+                failure = starting.exception()
+                if failure is None:
+                    self.consumer = starting.result()
                 self._consumer_retry_at = time.monotonic() + _CONSUMER_RETRY_S
-                logger.warning(
-                    "ragflow_mq: Kafka consumer not started, Redis only for now: %s", exc
-                )
-                try:
-                    self.loop.run(consumer.stop(), 30)
-                except Exception:
-                    logger.debug("stopping a consumer that did not start", exc_info=True)
-                return None
-            self.loop.spawn(consumer.run_fetch, "ragflow-mq-fetch")
-            self.loop.spawn(consumer.run_commits, "ragflow-mq-commit")
-            self.consumer = consumer
-        self._ensure_background()
+                logger.warning("ragflow_mq: Kafka consumer not started, Redis only: %s", failure)
+            elif starting is None and time.monotonic() >= self._consumer_retry_at:
+                watch_failures(self.failed)
+                self._starting = self.loop.submit(self._start_consumer(consumer_name))
+        if self.consumer is not None:
+            self._ensure_background()  # outside the lock: it takes the lock itself
+        return self.consumer
+
+    async def _start_consumer(self, consumer_name: str) -> ServeConsumer:
+        consumer = ServeConsumer(
+            self.settings,
+            self.routes,
+            self.keys,
+            self.redis,
+            self.recorder,
+            consumer_name,
+            on_finished=self.forget,
+        )
+        try:
+            await consumer.start()
+        except BaseException:
+            await consumer.stop()
+            raise
         return consumer
 
     def handed_out(self, path: str, task: KafkaTask | RedisTask, task_id: Any) -> None:

@@ -9,7 +9,8 @@ every partition. Records of one partition are taken strictly in offset order, on
 - a served record: one Lua script sets its drained key (no TTL) and XADDs the value, byte for
   byte, as the entry's ``message`` field, the XADD only if the key was new. Only then is the
   offset acked, and committed after it. A crash anywhere in between is harmless: a re-run
-  finds the key and counts the record as already moved instead of moving it twice.
+  finds the key and counts the record as already moved instead of moving it twice. A queue
+  that is not one of ``MIRROR_STREAMS`` goes to the last of them, as the executors serve it.
 - a record without ``x-served`` (the mirror's copy of a stream entry): committed past.
 - a served record with no value, or no usable ``x-ragflow-queue``: to the DLQ with its bytes
   and the reason, then committed past.
@@ -37,6 +38,7 @@ from sidecar.routing import RouteTable
 from sidecar.served import is_served, served_queue, target_stream
 from sidecar.settings import Settings
 from sidecar.status import topic_partitions
+from sidecar.topics import DLQ_TOPIC
 
 logger = logging.getLogger(__name__)
 
@@ -117,14 +119,18 @@ async def drain_to_redis(
     try:
         with translate_kafka_errors("connect", where):
             await admin.start()
-        existing = await topic_partitions(admin, where)
-        report.topics = [topic for topic in wanted if existing.get(topic)]
-        report.absent_topics = [topic for topic in wanted if not existing.get(topic)]
         members = await group_members(admin, group, where)
         if members:
             raise DrainRefused(
                 f"the executor group {group!r} has {len(members)} active member(s) "
                 f"({', '.join(members)}): stop RAGFlow's task executors first"
+            )
+        existing = await topic_partitions(admin, where)
+        report.topics = [topic for topic in wanted if existing.get(topic)]
+        report.absent_topics = [topic for topic in wanted if not existing.get(topic)]
+        if not existing.get(DLQ_TOPIC):
+            logger.warning(
+                "%s is absent (run init-topics): a bad served record stops the drain", DLQ_TOPIC
             )
         if not report.topics:
             return report
@@ -196,11 +202,12 @@ class _Drain:
                 await consumer.wait_for_assignment(max(deadline - loop.time(), 1.0))
                 await self._check_alone(admin, consumer)
                 ends = await consumer.end_offsets()
+                start = await consumer.positions()
                 logger.info(
-                    "draining %d partitions of %s up to %d records in all",
+                    "draining %d partitions of %s: %d records not yet committed",
                     len(ends),
                     ", ".join(report.topics),
-                    sum(ends.values()),
+                    sum(max(end - start.get(tp, end), 0) for tp, end in ends.items()),
                 )
                 await self._read(consumer, script, dlq, ends, deadline)
         finally:

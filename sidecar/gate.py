@@ -228,17 +228,20 @@ async def _eval(client: avalkey.Valkey, script: str, key: str, value: str) -> An
 
 
 async def clear_cap(settings: Settings) -> str:
-    """Delete the cap: RAGFlow serves ``KAFKA_SERVE_PERCENT`` again (an operator's raise)."""
+    """Lift the cap: RAGFlow serves ``KAFKA_SERVE_PERCENT`` again (an operator's raise).
+
+    The cap is set to 100 rather than deleted: a RAGFlow process that sees its cap vanish
+    takes it for an eviction and keeps the last value, so only this lifts it."""
     keys = Keys(settings.serve.key_prefix)
     client = create_client(settings.redis)
     try:
         with translate_valkey_errors(f"delete the cap {keys.cap}", settings.redis.display_url):
             previous = parse_cap(await client.get(keys.cap))
-            await client.delete(keys.cap)
+            await client.set(keys.cap, "100")
     finally:
         await client.aclose()
     percent = settings.serve.percent
-    if previous is None:
+    if previous is None or previous >= 100:
         return f"no cap {keys.cap} was set: RAGFlow serves KAFKA_SERVE_PERCENT={percent:g} %"
     logger.info("gate cleared the served share's cap %s (was %g)", keys.cap, previous)
     return (

@@ -192,7 +192,10 @@ def _p99_check(gate: GateSettings, redis: PathEvidence, kafka: PathEvidence) -> 
     )
     if kafka_p99 is None or redis_p99 is None or redis_p99 <= 0:
         return Check(name, None, "-", threshold, "hold", "no processing time on a path to compare")
-    ratio = kafka_p99 / redis_p99
+    # Below the floor a difference is noise of the bucket bounds, not a regression: tasks of
+    # a few milliseconds on both paths compare as equal.
+    floor = gate.p99_floor_ms
+    ratio = max(kafka_p99, floor) / max(redis_p99, floor)
     shown = f"{ratio:.2f} ({kafka_p99:g} / {redis_p99:g} ms)"
     if min(kafka.samples("processing"), redis.samples("processing")) < gate.min_sample:
         return Check(name, ratio, shown, threshold, "hold", "too few processing times to compare")

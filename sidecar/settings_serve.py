@@ -33,6 +33,7 @@ GATE_VARIABLES: tuple[str, ...] = (
     "GATE_WARN_FAILURE_DELTA_PP",
     "GATE_MAX_P99_RATIO",
     "GATE_WARN_P99_RATIO",
+    "GATE_P99_FLOOR_MS",
 )
 
 
@@ -74,6 +75,9 @@ class GateSettings:
     warn_failure_delta_pp: float = 0.5  # above: hold
     max_p99_ratio: float = 2.0  # Kafka processing p99 over Redis's; above: roll back
     warn_p99_ratio: float = 1.5  # above: hold
+    # p99s under this compare as equal: a 5 ms task is not 2.5x slower than a 2 ms one in any
+    # way that matters, and the histogram's buckets cannot tell them apart better anyway.
+    p99_floor_ms: float = 1000.0
 
 
 def build_serve(
@@ -81,7 +85,13 @@ def build_serve(
 ) -> ServeSettings:
     """The served share's settings; ``KAFKA_SERVE_PERCENT`` may not exceed the judged share."""
     if backend == "kafka":
-        percent = reader.number("KAFKA_SERVE_PERCENT", 100.0, 100.0, 100.0)
+        percent = reader.number("KAFKA_SERVE_PERCENT", 100.0, 0.0, 100.0)
+        if percent != 100.0:
+            raise reader.error(
+                "KAFKA_SERVE_PERCENT",
+                f"{percent:g} with MQ_BACKEND=kafka, which serves every task from Kafka: "
+                "leave it unset (or 100), or use MQ_BACKEND=split for a share",
+            )
     else:
         percent = reader.number("KAFKA_SERVE_PERCENT", 0.0, 0.0, 100.0)
         if percent > traffic_percent:
@@ -122,6 +132,7 @@ def build_gate(reader: _Reader) -> GateSettings:
         warn_failure_delta_pp=reader.number("GATE_WARN_FAILURE_DELTA_PP", 0.5, 0.0, 100.0),
         max_p99_ratio=reader.number("GATE_MAX_P99_RATIO", 2.0, 1.0, 1000.0),
         warn_p99_ratio=reader.number("GATE_WARN_P99_RATIO", 1.5, 1.0, 1000.0),
+        p99_floor_ms=reader.number("GATE_P99_FLOOR_MS", 1000.0, 0.0, 3_600_000.0),
     )
     if gate.warn_failure_delta_pp > gate.max_failure_delta_pp:
         raise reader.error(

@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
+import zipfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -30,12 +31,17 @@ import yaml
 
 from sidecar import settings as sidecar_settings
 from sidecar.settings import Settings
+from sidecar.settings_serve import SERVE_VARIABLES
 
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE_DIR = REPO / "compose"
 COMPOSE_FILE = COMPOSE_DIR / "docker-compose.yml"
 ENV_EXAMPLE = COMPOSE_DIR / ".env.example"
 DOCKERFILE = REPO / "Dockerfile"
+RAGFLOW_OVERRIDE = COMPOSE_DIR / "ragflow-override.yml"
+RAGFLOW_DOCKERFILE = COMPOSE_DIR / "ragflow-mq.Dockerfile"
+# A stand-in of RAGFlow's docker/ directory: its compose file and the .env lines it uses.
+RAGFLOW_STANDIN = REPO / "tests" / "fixtures" / "ragflow-docker"
 DASHBOARDS = REPO / "dashboards"
 EXPECTED_DASHBOARDS = ("shadow-migration-overview.json", "diff-drill-down.json")
 
@@ -529,9 +535,9 @@ def _datasource_uids(node: Any) -> list[str]:
 # Dockerfile (no engine here: checked statically, and its install step is run)
 
 
-def _instructions() -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) of the Dockerfile, continuation lines joined."""
-    joined = re.sub(r"\\\n", " ", DOCKERFILE.read_text(encoding="utf-8"))
+def _instructions(dockerfile: Path = DOCKERFILE) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of a Dockerfile, continuation lines joined."""
+    joined = re.sub(r"\\\n", " ", dockerfile.read_text(encoding="utf-8"))
     out = []
     for raw_line in joined.splitlines():
         line = raw_line.strip()
@@ -541,8 +547,8 @@ def _instructions() -> list[tuple[str, str]]:
     return out
 
 
-def _final_stage() -> list[tuple[str, str]]:
-    instructions = _instructions()
+def _final_stage(dockerfile: Path = DOCKERFILE) -> list[tuple[str, str]]:
+    instructions = _instructions(dockerfile)
     last_from = max(i for i, (keyword, _) in enumerate(instructions) if keyword == "FROM")
     return instructions[last_from:]
 
@@ -699,7 +705,12 @@ def test_the_image_installs_every_package_the_code_imports() -> None:
     undeclared = set()
     for path, module in _imported_modules():
         top = module.split(".")[0]
-        if top in sys.stdlib_module_names or top in {"sidecar", "comparators", "ragflow_mq", *DEV_ONLY_IMPORTS}:
+        if top in sys.stdlib_module_names or top in {
+            "sidecar",
+            "comparators",
+            "ragflow_mq",
+            *DEV_ONLY_IMPORTS,
+        }:
             continue
         spec = importlib.util.find_spec(module)
         assert spec is not None, f"{path.relative_to(REPO)} imports {module}, not installed"
@@ -708,3 +719,199 @@ def test_the_image_installs_every_package_the_code_imports() -> None:
         if owner is None or owner not in closure:
             undeclared.add(f"{module} ({owner or 'no distribution'}) in {path.relative_to(REPO)}")
     assert not undeclared, f"imported but not brought by pyproject's dependencies: {undeclared}"
+
+
+# ---------------------------------------------------------------------------------------------
+# ragflow_mq in RAGFlow's containers: compose/ragflow-override.yml over RAGFlow's compose, and
+# compose/ragflow-mq.Dockerfile (checked statically; its wheel stage is run)
+
+# The RAGFlow services the override changes (RAGFlow v0.22+: one per DEVICE profile).
+RAGFLOW_SERVICES = ("ragflow-cpu", "ragflow-gpu")
+SITECUSTOMIZE_DIR = "/opt/ragflow-mq"
+
+
+def _override_config(**extra: str) -> subprocess.CompletedProcess[str]:
+    """``docker-compose config`` as an operator runs it from RAGFlow's docker/ directory."""
+    return subprocess.run(
+        [_tool("docker-compose"),
+         "-f", str(RAGFLOW_STANDIN / "docker-compose.yml"), "-f", str(RAGFLOW_OVERRIDE),
+         "--env-file", str(RAGFLOW_STANDIN / "ragflow.env"), "config"],
+        capture_output=True, text=True, env=_clean_env(**extra), cwd=RAGFLOW_STANDIN,
+        timeout=120, check=False,
+    )  # fmt: skip
+
+
+def _standin_env() -> dict[str, str]:
+    values: dict[str, str] = {}
+    for line in (RAGFLOW_STANDIN / "ragflow.env").read_text(encoding="utf-8").splitlines():
+        match = _ASSIGNMENT.match(line)
+        if match:
+            values[match.group(1)] = match.group(2)
+    return values
+
+
+@pytest.fixture(scope="module")
+def merged() -> dict[str, Any]:
+    """RAGFlow's (stand-in) compose with the override merged over it."""
+    result = _override_config(RAGFLOW_MQ_SRC=str(REPO))
+    assert result.returncode == 0, f"docker-compose config failed:\n{result.stderr}"
+    document = yaml.safe_load(result.stdout)
+    assert isinstance(document, dict)
+    return document
+
+
+def test_ragflow_override_changes_ragflows_services_and_adds_none(merged: dict[str, Any]) -> None:
+    standin = yaml.safe_load((RAGFLOW_STANDIN / "docker-compose.yml").read_text(encoding="utf-8"))
+    assert set(merged["services"]) == set(standin["services"])
+    override = yaml.safe_load(RAGFLOW_OVERRIDE.read_text(encoding="utf-8"))
+    assert set(override["services"]) == set(RAGFLOW_SERVICES)
+    for name in RAGFLOW_SERVICES:
+        service, before = _service(merged, name), standin["services"][name]
+        # RAGFlow's own settings survive the merge: profile, command, ports, restart.
+        for key in ("profiles", "command", "restart"):
+            assert service[key] == before[key], (name, key)
+        assert len(service["ports"]) == len(before["ports"])
+        assert "ragflow" in service["networks"]  # where the sidecar's Kafka is `kafka`
+
+
+def test_ragflow_override_builds_a_derived_image_of_ragflows(merged: dict[str, Any]) -> None:
+    ragflow_image = _standin_env()["RAGFLOW_IMAGE"]
+    for name in RAGFLOW_SERVICES:
+        service = _service(merged, name)
+        build = service["build"]
+        assert Path(build["context"]) == REPO
+        assert REPO / build["dockerfile"] == RAGFLOW_DOCKERFILE and RAGFLOW_DOCKERFILE.is_file()
+        assert build["args"]["RAGFLOW_IMAGE"] == ragflow_image
+        # A tag of its own: building must never overwrite RAGFlow's image under its name.
+        assert service["image"] != ragflow_image
+    raw = yaml.safe_load(RAGFLOW_OVERRIDE.read_text(encoding="utf-8"))
+    for name in RAGFLOW_SERVICES:
+        # docker-compose 1.29 validates but does not print it; Compose v2 builds on every `up`.
+        assert raw["services"][name]["pull_policy"] == "build"
+
+
+def test_ragflow_override_puts_sitecustomize_first_and_keeps_ragflows_path(
+    merged: dict[str, Any],
+) -> None:
+    for name in RAGFLOW_SERVICES:
+        path = _service(merged, name)["environment"]["PYTHONPATH"].split(":")
+        assert path[0] == SITECUSTOMIZE_DIR, path
+        assert "/ragflow/" in path[1:], "RAGFlow's own PYTHONPATH (its image's /ragflow/) is lost"
+
+
+def test_ragflow_override_defaults_serve_nothing_and_pass_validation(
+    merged: dict[str, Any],
+) -> None:
+    for name in RAGFLOW_SERVICES:
+        environment = _service(merged, name)["environment"]
+        assert environment["MQ_BACKEND"] == "split"
+        assert environment["KAFKA_SERVE_PERCENT"] == "0"
+        # Every ragflow_mq setting reaches RAGFlow; nothing else of the sidecar's does.
+        assert set(SERVE_VARIABLES) <= set(environment)
+        unknown = set(environment) - set(sidecar_settings._KNOWN_VARIABLES) - {"PYTHONPATH"}
+        assert not unknown, f"not ragflow_mq settings: {sorted(unknown)}"
+        # What ragflow_mq.install() reads at RAGFlow's start.
+        settings = Settings.from_env(environ=environment)
+        assert settings.mq_backend == "split"
+        assert settings.serve.percent == 0
+        assert settings.kafka.bootstrap_servers == ("kafka:9092",)
+        assert settings.kafka.consumer_group == "ragflow-task-executor"
+        assert settings.mirror.streams == ("te.1.common", "te.0.common")
+
+
+def test_ragflow_override_takes_the_shares_from_ragflows_env(merged: dict[str, Any]) -> None:
+    result = _override_config(
+        RAGFLOW_MQ_SRC=str(REPO), KAFKA_TRAFFIC_PERCENT="100", KAFKA_SERVE_PERCENT="5"
+    )
+    assert result.returncode == 0, result.stderr
+    environment = _service(yaml.safe_load(result.stdout), "ragflow-cpu")["environment"]
+    settings = Settings.from_env(environ=environment)
+    assert (settings.mirror.traffic_percent, settings.serve.percent) == (100, 5)
+
+
+def test_ragflow_override_needs_the_sources_path() -> None:
+    result = _override_config()
+    assert result.returncode != 0
+    assert "RAGFLOW_MQ_SRC" in result.stderr
+
+
+def test_ragflow_dockerfile_builds_on_ragflows_image() -> None:
+    instructions = _instructions(RAGFLOW_DOCKERFILE)
+    first_from = next(i for i, (keyword, _) in enumerate(instructions) if keyword == "FROM")
+    global_args = [a for k, a in instructions[:first_from] if k == "ARG"]
+    assert "RAGFLOW_IMAGE" in global_args, "RAGFLOW_IMAGE must be an ARG without a default"
+    final = _final_stage(RAGFLOW_DOCKERFILE)
+    assert final[0] == ("FROM", "${RAGFLOW_IMAGE}")
+    # RAGFlow's entrypoint, command and user stay RAGFlow's.
+    assert not {k for k, _ in final} & {"ENTRYPOINT", "CMD", "USER", "WORKDIR"}
+
+
+def test_ragflow_dockerfile_installs_the_wheel_into_ragflows_virtualenv() -> None:
+    final = _final_stage(RAGFLOW_DOCKERFILE)
+    runs = " ".join(a for k, a in final if k == "RUN")
+    assert (
+        'uv pip install --python "$python"' in runs and "python=/ragflow/.venv/bin/python" in runs
+    )
+    assert re.search(r"/tmp/ragflow-mq-wheels/ragflow_kafka_sidecar-\*\.whl", runs)
+    # RAGFlow's installed versions constrain the install (a conflict fails the build).
+    assert "uv pip freeze" in runs and "--constraint /tmp/ragflow-pins.txt" in runs
+    assert f'ln -s "$sitecustomize" {SITECUSTOMIZE_DIR}' in runs
+    assert any(k == "COPY" and a.startswith("--from=wheel /wheels/") for k, a in final)
+    envs = [a for k, a in final if k == "ENV"]
+    assert f"PYTHONPATH={SITECUSTOMIZE_DIR}${{PYTHONPATH:+:${{PYTHONPATH}}}}" in envs
+
+
+def test_ragflow_dockerfile_holds_no_secret() -> None:
+    text = RAGFLOW_DOCKERFILE.read_text(encoding="utf-8")
+    for keyword, args in _instructions(RAGFLOW_DOCKERFILE):
+        if keyword in ("ARG", "ENV", "LABEL"):
+            assert not re.search(r"PASSWORD|SECRET|TOKEN|API_KEY|CREDENTIAL", args, re.I), args
+        if keyword in ("COPY", "ADD"):
+            assert ".env" not in args and "secret" not in args.lower(), args
+    assert "--mount=type=secret" not in text
+
+
+def test_the_ragflow_images_wheel_loads_ragflow_mq_at_python_start(tmp_path: Path) -> None:
+    """The wheel stage on exactly what it copies, then the layout the image has: the wheel's
+    files installed, its sitecustomize directory first on PYTHONPATH."""
+    context = tmp_path / "src"
+    context.mkdir()
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for keyword, args in _instructions(RAGFLOW_DOCKERFILE):
+        if keyword == "COPY" and not args.startswith("--from"):
+            *sources, _destination = args.split()
+            for source in sources:
+                path = REPO / source
+                if path.is_dir():
+                    shutil.copytree(path, context / source, ignore=ignore)
+                else:
+                    shutil.copy2(path, context / source)
+    wheels = tmp_path / "wheels"
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(wheels),
+         str(context)],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert build.returncode == 0, build.stderr
+    [wheel] = wheels.glob("ragflow_kafka_sidecar-*.whl")
+    site = tmp_path / "site-packages"
+    with zipfile.ZipFile(wheel) as archive:
+        assert "ragflow_mq/sitecustomize/sitecustomize.py" in archive.namelist()
+        archive.extractall(site)
+    python_path = f"{site / 'ragflow_mq' / 'sitecustomize'}:{site}"
+    probe = "import sys, ragflow_mq; print('ragflow_mq._sitecustomize' in sys.modules, ragflow_mq.__file__)"
+
+    def start(**env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path,
+            env=_clean_env(PYTHONPATH=python_path, **env), timeout=60, check=False,
+        )  # fmt: skip
+
+    loaded = start(MQ_BACKEND="redis")
+    assert loaded.returncode == 0, loaded.stderr
+    found, module = loaded.stdout.split()
+    assert found == "True" and module.startswith(str(site)), loaded.stdout
+    # A bad setting ends the process at start, naming the variable.
+    refused = start(MQ_BACKEND="redis", KAFKA_SERVE_PERCENT="5")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "ragflow_mq: error: KAFKA_SERVE_PERCENT" in refused.stderr

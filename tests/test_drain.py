@@ -31,7 +31,7 @@ from sidecar.routing import DEFAULT_ROUTES, PRIORITY_PARSE, RouteTable
 from sidecar.samples import ragflow_tasks
 from sidecar.settings import Settings
 from sidecar.topic_reader import read_topics
-from sidecar.topics import DLQ_TOPIC
+from sidecar.topics import DLQ_TOPIC, init_topics
 
 MakeTopic = Callable[[int], Awaitable[str]]
 
@@ -293,6 +293,7 @@ async def test_drain_refuses_while_the_executor_group_has_a_member(
 async def test_a_bad_served_record_is_dead_lettered_with_its_bytes_and_reason(
     settings: Settings, valkey_client: avalkey.Valkey, unique: str, make_topic: MakeTopic
 ) -> None:
+    await init_topics(settings.kafka)  # the DLQ
     topic = await make_topic(1)
     env = drain_env(settings, unique, topic, await make_topic(1))
     s = Settings.from_env(env)

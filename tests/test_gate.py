@@ -280,7 +280,8 @@ def test_clear_cap(gate: Gate) -> None:
         f"cap {gate.keys.cap} cleared (was 0): RAGFlow serves KAFKA_SERVE_PERCENT=20 % from "
         "Kafka within SERVE_CAP_REFRESH_S=2 s"
     )
-    assert gate.cap is None
+    # Lifted by a value, not a deletion: RAGFlow takes a vanished cap for an eviction.
+    assert gate.cap == b"100"
     code, out, _ = gate.run("--clear-cap")
     assert code == 0 and out.startswith(f"no cap {gate.keys.cap} was set"), out
 
@@ -307,3 +308,15 @@ def test_unreachable_valkey_is_one_error_line(gate: Gate) -> None:
     assert code == 2 and out == ""
     [line] = err.strip().splitlines()
     assert line.startswith("ragflow-sidecar: error: cannot reach Valkey at redis://127.0.0.1:")
+
+
+def test_p99s_below_the_floor_compare_as_equal(gate: Gate) -> None:
+    gate.verdicts(match=60)
+    gate.served("redis", finished=400, processing_ms=2.0)
+    gate.served("kafka", finished=400, processing_ms=12.0)  # 5x, but of milliseconds
+    code, out, _ = gate.run()
+    assert code == 0, out
+    assert row(out, "processing p99 ratio").endswith("ok")
+    code, out, _ = gate.run(GATE_P99_FLOOR_MS="0")
+    assert code == 3, out
+    assert "kafka processing p99 is 5.00x redis's (> 2)" in out

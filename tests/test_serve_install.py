@@ -176,3 +176,27 @@ async def test_kafka_away_at_produce_time_returns_false_and_writes_nothing(
 def test_the_sitecustomize_directory_ships_in_the_package() -> None:
     site = Path(ragflow_mq.__file__).parent / "sitecustomize" / "sitecustomize.py"
     assert "import ragflow_mq._sitecustomize" in site.read_text()
+
+
+async def test_the_cap_lowers_the_share_and_an_evicted_cap_is_kept(
+    stack: LocalStack, unique: str, tmp_path: Path, redis_conn: ModuleType
+) -> None:
+    world = await make_world(stack, unique, tmp_path, KAFKA_SERVE_PERCENT="50")
+    assert ragflow_mq.install(Settings.from_env(world.env))
+    runtime = redis_conn.REDIS_CONN._ragflow_mq_runtime
+    client = valkey.Valkey.from_url(stack.valkey.url)
+    cap = ragflow_mq.Keys(unique).cap
+    assert runtime.percent() == 50
+    client.set(cap, "20")
+    runtime.read_cap()
+    assert runtime.percent() == 20
+    client.delete(cap)  # what an LRU eviction does
+    runtime.read_cap()
+    assert runtime.percent() == 20, "a vanished cap raised the served share"
+    client.set(cap, "100")  # what `gate --clear-cap` writes
+    runtime.read_cap()
+    assert runtime.percent() == 50
+    client.set(cap, "banana")
+    runtime.read_cap()
+    assert runtime.percent() == 50
+    client.close()

@@ -10,9 +10,11 @@ from typing import Any
 
 import valkey.asyncio as avalkey
 
+from ragflow_mq.producer import served_headers
 from sidecar.faults import Fault, FaultInjector
 from sidecar.mq import KafkaProducer
 from sidecar.mq.message import QueueMessage, encode_task
+from sidecar.routing import RouteTable
 from sidecar.settings import Settings
 from sidecar.topics import DLQ_TOPIC, PARSE_TOPIC, init_topics
 from tests.mirror_support import (
@@ -173,3 +175,35 @@ async def test_restart_mid_run_loses_and_repeats_no_verdict(
     after = await group_state(valkey_client, stream, RAGFLOW_GROUP)
     assert after["group"].pop("lag") == before["group"].pop("lag") + 400
     assert after == before
+
+
+async def test_a_served_record_is_skipped_and_gets_no_verdict(
+    settings: Settings, valkey_client: avalkey.Valkey, unique: str
+) -> None:
+    await init_topics(settings.kafka)
+    stream = f"{unique}.0"
+    config = sidecar_settings(settings, [stream], unique)
+    served_task, redis_task = ragflow_tasks(2)
+    route = RouteTable().route(served_task, 0)
+    async with running_sidecar(config) as sidecar:
+        assert sidecar.shadow is not None
+        # RAGFlow's own task on Kafka (MQ_BACKEND=split): no stream entry to compare it with.
+        async with KafkaProducer(settings.kafka) as producer:
+            served = await producer.send(
+                route.topic,
+                encode_task(served_task),
+                key=route.key,
+                headers=served_headers(stream, served_task, route),
+            )
+        [entry_id] = await enqueue(valkey_client, stream, [redis_task])
+        for _ in range(600):
+            if sidecar.shadow.stats.skipped_served:
+                break
+            await asyncio.sleep(0.05)
+        # Past the compare timeout (3 s): a record the shadow ran would be missing_primary.
+        await asyncio.sleep(4)
+        served_ref = (f"kafka:{served.destination}", f"{served.partition}-{served.offset}")
+        verdicts = finals(await read_verdicts(settings, {stream, served_ref[0]}, expected=1))
+        assert sidecar.shadow.stats.skipped_served == 1
+    assert served_ref not in verdicts
+    assert verdicts[stream, entry_id]["verdict"] == "match"

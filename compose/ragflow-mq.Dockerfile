@@ -1,0 +1,51 @@
+# RAGFlow's own image with ragflow_mq installed into its Python environment, so that RAGFlow's
+# API server and task executors route their task queue by MQ_BACKEND / KAFKA_SERVE_PERCENT.
+# Built by compose/ragflow-override.yml, or by hand from the repository's root:
+#   docker build -f compose/ragflow-mq.Dockerfile \
+#     --build-arg RAGFLOW_IMAGE=infiniflow/ragflow:v0.27.0 -t ragflow-mq:local .
+#
+# RAGFlow's image keeps its packages in a virtualenv made by uv, /ragflow/.venv (VIRTUAL_ENV,
+# first on PATH), and sets PYTHONPATH=/ragflow/. Its Python is 3.12+ from RAGFlow v0.23 on (3.13
+# from v0.26); this project needs 3.11+, so v0.22 (3.10) and older cannot take it. Nothing of
+# RAGFlow's is changed but that virtualenv and PYTHONPATH: entrypoint, user and command stay.
+
+# RAGFlow's image, exactly as its docker/.env names it (RAGFLOW_IMAGE). No default: the derived
+# image must be built on the RAGFlow release that runs.
+ARG RAGFLOW_IMAGE
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+# The wheel, built from exactly what `pip install .` reads (as ../Dockerfile copies it).
+FROM ${PYTHON_IMAGE} AS wheel
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY sidecar ./sidecar
+COPY comparators ./comparators
+COPY ragflow_mq ./ragflow_mq
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
+ && test -n "$(find /wheels -name 'ragflow_kafka_sidecar-*.whl')"
+
+FROM ${RAGFLOW_IMAGE}
+# RAGFlow pins valkey==6.0.2; this project requires valkey>=6.1. Every other package RAGFlow
+# has stays at its installed version: the virtualenv's own `uv pip freeze` is the constraint
+# file, so a conflict fails this build instead of changing RAGFlow underneath it.
+ARG VALKEY_SPEC="valkey>=6.1,<7"
+COPY --from=wheel /wheels/ /tmp/ragflow-mq-wheels/
+RUN set -eu; \
+    python=/ragflow/.venv/bin/python; \
+    uv pip freeze --python "$python" \
+      | grep -E '^[A-Za-z0-9._-]+==' | grep -viE '^valkey==' > /tmp/ragflow-pins.txt; \
+    echo "$VALKEY_SPEC" >> /tmp/ragflow-pins.txt; \
+    uv pip install --python "$python" --no-cache --constraint /tmp/ragflow-pins.txt \
+      /tmp/ragflow-mq-wheels/ragflow_kafka_sidecar-*.whl; \
+    sitecustomize="$("$python" -c 'import pathlib, ragflow_mq; print(pathlib.Path(ragflow_mq.__file__).parent / "sitecustomize")')"; \
+    test -f "$sitecustomize/sitecustomize.py"; \
+    ln -s "$sitecustomize" /opt/ragflow-mq; \
+    rm -rf /tmp/ragflow-mq-wheels /tmp/ragflow-pins.txt
+# The sitecustomize directory first, RAGFlow's own PYTHONPATH (/ragflow/) after it. Python loads
+# /opt/ragflow-mq/sitecustomize.py at every start; it calls ragflow_mq.install(), which does
+# nothing at all unless MQ_BACKEND is split or kafka.
+ENV PYTHONPATH=/opt/ragflow-mq${PYTHONPATH:+:${PYTHONPATH}}
+# The same start-up RAGFlow's processes will have: sitecustomize found and loaded.
+RUN MQ_BACKEND=redis python3 -c "import sys; assert 'ragflow_mq._sitecustomize' in sys.modules, sys.path"
