@@ -230,7 +230,11 @@ class ServeConsumer:
             entry_id=message.id,
             stage="serve",
             max_value_bytes=_DLQ_MAX_BYTES,
-            extra_headers=tuple(message.headers),
+            extra_headers=(
+                ("x-source-topic", message.topic.encode()),
+                ("x-source-offset", f"{message.partition}:{message.offset}".encode()),
+                *message.headers,
+            ),
         )
         await self._dlq.start()
         # Not committed past until the DLQ has it: a failure here redelivers the record.
@@ -292,19 +296,27 @@ class ServeConsumer:
                 dropped += [task for task in buffer if revoked(task)]
                 self._buffered -= len(buffer) - len(kept)
                 self._buffers[queue] = kept
-        await asyncio.to_thread(self._give_back, dropped)
+        if self._stopping:
+            self._give_back(dropped)  # at interpreter exit to_thread's pool is already gone
+        else:
+            await asyncio.to_thread(self._give_back, dropped)
         self._room.set()
-        deadline = time.monotonic() + self._settings.serve.revoke_wait_s
+        # Leaving the group at exit: what RAGFlow still holds will not be acked by a process
+        # that is ending, so there is nothing to wait for; it is delivered again elsewhere.
+        wait_s = 0.0 if self._stopping else self._settings.serve.revoke_wait_s
+        deadline = time.monotonic() + wait_s
+        waiting = 0
         while time.monotonic() < deadline:
             with self._lock:
                 waiting = sum(1 for task in self._in_hand.values() if revoked(task))
             if not waiting:
                 return
             await asyncio.sleep(0.05)
-        logger.warning(
-            "partitions revoked while %d served task(s) were still running: they may run twice",
-            waiting,
-        )
+        if waiting:
+            logger.warning(
+                "partitions revoked while %d served task(s) were still running: they may run twice",
+                waiting,
+            )
 
     async def stop(self) -> None:
         """Stop fetching; commit what is finished and leave the group (what was fetched ahead

@@ -16,6 +16,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from sidecar.local_stack import LocalStack
 from sidecar.routing import DEFAULT_ROUTES, PRIORITY_PARSE
 from sidecar.settings import Settings
+from tests.faults.support import SidecarProcess, sidecar_env
 from tests.ragflow_support import StandinProcess, executions, standin_env, wait_until
 
 __all__ = ["ServeWorld", "by_path", "make_world"]
@@ -76,6 +77,20 @@ class ServeWorld:
         )  # fmt: skip
         return process, path
 
+    def sidecar(self, log: Path) -> SidecarProcess:
+        """``ragflow-sidecar run`` on this world's streams and topics: it judges the Redis
+        path's tasks (a served task never reaches Redis) with the no-op handler."""
+        env = sidecar_env(
+            self.stack.valkey.url,
+            self.stack.kafka.bootstrap_servers,
+            ",".join(self.streams),
+            self.unique,
+            **{k: v for k, v in self.env.items() if k != "REDIS_URL"},
+            SHADOW_HANDLER="noop",
+            SHADOW_START="earliest",
+        )
+        return SidecarProcess(["run"], env, log)
+
     async def executed(self, client: avalkey.Valkey) -> list[dict[str, Any]]:
         return await executions(client, self.results)
 
@@ -121,6 +136,14 @@ async def make_world(stack: LocalStack, unique: str, tmp: Path, **env: str) -> S
     tasks_topic, priority_topic = f"{unique}.tasks", f"{unique}.tasks.priority"
     routes = {pattern: tasks_topic for pattern in DEFAULT_ROUTES}
     routes[PRIORITY_PARSE] = priority_topic
+    # RAGFlow's every collect() asks the (usually empty) priority stream with BLOCK 5, and
+    # Valkey ends a blocked read on its timer tick: at the default hz 10 that is up to 100 ms
+    # per task, which would make these tests time Valkey's clock rather than the queue.
+    client = avalkey.Valkey.from_url(stack.valkey.url)
+    try:
+        await client.config_set("hz", 100)
+    finally:
+        await client.aclose()
     admin = AIOKafkaAdminClient(bootstrap_servers=stack.kafka.bootstrap_servers)
     await admin.start()
     try:

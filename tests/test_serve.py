@@ -4,16 +4,21 @@ sitecustomize, against the session's real Valkey and Kafka."""
 from __future__ import annotations
 
 import json
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import valkey.asyncio as avalkey
 
-from ragflow_mq.contract import Keys
+from ragflow_mq.contract import QUEUE_HEADER, SERVED_HEADER, Keys
 from sidecar.drain import drain_to_redis
 from sidecar.local_stack import LocalStack
+from sidecar.mq.kafka import KafkaProducer
+from sidecar.mq.message import encode_task
 from sidecar.reconcile import reconcile
+from sidecar.topic_reader import read_topics
+from sidecar.topics import DLQ_TOPIC, init_topics
 from tests.ragflow_support import assert_exactly_once, pending_count, read_produced, wait_until
 from tests.serve_support import ServeWorld, by_path, make_world
 
@@ -176,3 +181,48 @@ async def test_roll_back_mid_stream_then_drain_to_redis_loses_and_doubles_nothin
     assert_exactly_once(first_ids | second_ids, records)
     result = await reconcile(world.settings(), traffic_percent=0)
     assert result.ok, result
+
+
+async def test_records_the_executor_cannot_take_go_to_the_dlq_with_their_bytes(
+    stack: LocalStack, unique: str, tmp_path: Path, valkey_client: avalkey.Valkey
+) -> None:
+    world = await make_world(stack, unique, tmp_path, KAFKA_SERVE_PERCENT="100")
+    settings = world.settings()
+    await init_topics(settings.kafka)  # the DLQ
+    topic, low = f"{unique}.tasks", world.streams[1]
+    served = [(SERVED_HEADER, b"1"), (QUEUE_HEADER, low.encode())]
+    good = {"id": f"{unique}good", "doc_id": "d1", "from_page": 0, "to_page": 12}
+    tired = {"id": f"{unique}tired", "doc_id": "d2", "from_page": 0, "to_page": 12}
+    copy = {"id": f"{unique}copy", "doc_id": "d3", "from_page": 0, "to_page": 12}
+    started_ms = int(time.time() * 1000)
+    async with KafkaProducer(settings.kafka) as producer:
+        broken = await producer.send(topic, b"{not json", key="d0", headers=served)
+        over = await producer.send(topic, encode_task(tired), key="d2", headers=served)
+        await producer.send(topic, encode_task(copy), key="d3")  # the mirror's copy
+        await producer.send(topic, encode_task(good), key="d1", headers=served)
+    # Handed out three times already (three executors crashed on it): a fourth is refused.
+    await valkey_client.set(Keys(unique).attempts(topic, over.partition, over.offset), 3)
+    with world.executor("task_executor_common_d_0") as executor:
+        records = await world.wait_executed(valkey_client, {good["id"]}, timeout_s=120)
+        dead: dict[bytes, tuple[dict[str, bytes], bytes | None]] = {}
+
+        def take(record: Any) -> None:
+            headers = dict(record.headers)
+            if headers.get("x-source-topic") == topic.encode():
+                dead[headers["x-error"]] = (headers, record.value)
+
+        async def both_dead() -> bool:
+            dead.clear()
+            await read_topics(settings.kafka, [DLQ_TOPIC], take, since_ms=started_ms)
+            return len(dead) == 2
+
+        await wait_until(both_dead, 60, interval_s=0.5, what="two dead letters")
+        executor.terminate()
+    assert [r["task_id"] for r in await world.executed(valkey_client)] == [good["id"]]
+    assert dead[b"not_json"][1] == b"{not json"
+    assert dead[b"not_json"][0]["x-source-offset"] == f"{broken.partition}:{broken.offset}".encode()
+    assert dead[b"max_attempts"][1] == encode_task(tired)
+    assert dead[b"max_attempts"][0]["x-stage"] == b"serve"
+    totals = await valkey_client.hgetall(Keys(unique).evidence_total)
+    assert int(totals[b"kafka:dead_lettered"]) == 2
+    assert len(records) == 1

@@ -14,7 +14,6 @@ from sidecar.gate_checks import HOLD, PROMOTE, ROLLBACK
 from sidecar.local_stack import LocalStack
 from sidecar.settings import Settings
 from sidecar.topics import init_topics
-from tests.faults.support import SidecarProcess, sidecar_env
 from tests.ragflow_support import read_produced, wait_until
 from tests.serve_support import ServeWorld, by_path, make_world
 
@@ -35,17 +34,8 @@ async def test_gate_holds_below_the_sample_then_promotes_a_clean_run(
     settings = world.settings(**GATE)
     await init_topics(settings.kafka)  # the verdicts topic
     since_ms = int(time.time() * 1000)
-    env = sidecar_env(
-        stack.valkey.url,
-        stack.kafka.bootstrap_servers,
-        ",".join(world.streams),
-        unique,
-        **{k: v for k, v in world.env.items() if k not in ("REDIS_URL",)},
-        SHADOW_HANDLER="noop",
-        SHADOW_START="earliest",
-    )
     with (
-        SidecarProcess(["run"], env, tmp_path / "sidecar.log"),
+        world.sidecar(tmp_path / "sidecar.log"),
         world.executor("task_executor_common_g_0"),
         world.executor("task_executor_common_g_1"),
     ):

@@ -87,7 +87,6 @@ async def run(docs: int, tasks_per_doc: int, root: Path) -> list[StepRow]:
     from sidecar.gate_checks import DECISIONS  # noqa: PLC0415
     from sidecar.local_stack import LocalStack, StackConfig  # noqa: PLC0415
     from sidecar.topics import init_topics  # noqa: PLC0415
-    from tests.faults.support import SidecarProcess, sidecar_env  # noqa: PLC0415
     from tests.ragflow_support import read_produced, wait_until  # noqa: PLC0415
     from tests.serve_support import make_world  # noqa: PLC0415
 
@@ -114,19 +113,7 @@ async def run(docs: int, tasks_per_doc: int, root: Path) -> list[StepRow]:
             for i in range(2)
         ]
         # The whole sidecar judges the Redis-path share (the served share never reaches Redis).
-        sidecar = SidecarProcess(
-            ["run"],
-            sidecar_env(
-                stack.valkey.url,
-                stack.kafka.bootstrap_servers,
-                ",".join(world.streams),
-                unique,
-                **{k: v for k, v in world.env.items() if k != "REDIS_URL"},
-                SHADOW_HANDLER="noop",
-                SHADOW_START="earliest",
-            ),
-            root / "sidecar.log",
-        )
+        sidecar = world.sidecar(root / "sidecar.log")
         try:
             sidecar.start()
             for executor in executors:
