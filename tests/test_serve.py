@@ -226,3 +226,37 @@ async def test_records_the_executor_cannot_take_go_to_the_dlq_with_their_bytes(
     totals = await valkey_client.hgetall(Keys(unique).evidence_total)
     assert int(totals[b"kafka:dead_lettered"]) == 2
     assert len(records) == 1
+
+
+async def test_an_executor_joining_and_leaving_mid_stream_runs_nothing_twice(
+    stack: LocalStack, unique: str, tmp_path: Path, valkey_client: avalkey.Valkey
+) -> None:
+    """Two rebalances while tasks are in RAGFlow's hands: the member losing a partition waits
+    for its running tasks to be acked and commits them before the other reads on."""
+    world = await make_world(stack, unique, tmp_path, KAFKA_SERVE_PERCENT="100")
+
+    async def executed_at_least(count: int) -> None:
+        async def enough() -> bool:
+            return len(await world.executed(valkey_client)) >= count
+
+        await wait_until(enough, 120, what=f"{count} executions")
+
+    with world.executor("task_executor_common_j_0", STANDIN_WORK_MS="30"):
+        await world.wait_members(1)
+        api, out = world.api("produced.jsonl", docs=60, tasks_per_doc=10)
+        with api:
+            assert await api.await_exit(120) == 0, api.log_text()
+        ids = {str(p["task_id"]) for p in read_produced(out)}
+        await executed_at_least(100)
+        with world.executor("task_executor_common_j_1", STANDIN_WORK_MS="30") as joining:
+            await world.wait_members(2)
+            await executed_at_least(350)
+            joining.terminate()
+        await world.wait_executed(valkey_client, ids)
+    records = await world.executed(valkey_client)
+    assert_exactly_once(ids, records)
+    assert {r["consumer"] for r in records} == {
+        "task_executor_common_j_0",
+        "task_executor_common_j_1",
+    }
+    assert by_path(records) == {"kafka": len(ids)}
