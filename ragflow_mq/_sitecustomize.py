@@ -11,8 +11,12 @@ import os
 import sys
 
 # Every Python process of RAGFlow's container starts through here: with the default backend
-# nothing more is imported at all. Any other value, a wrong one included, is read and checked.
-if os.environ.get("MQ_BACKEND", "").strip() not in ("", "redis"):
+# and no served share asked for, nothing more is imported at all. Anything else, a wrong value
+# or a share set with MQ_BACKEND=redis included, is read and checked.
+if (
+    os.environ.get("MQ_BACKEND", "").strip() not in ("", "redis")
+    or os.environ.get("KAFKA_SERVE_PERCENT", "").strip()
+):
     from ragflow_mq.install import install
     from sidecar.errors import ConfigError
 
