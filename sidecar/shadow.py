@@ -7,8 +7,7 @@ committed only up to its lowest unfinished record. A record is processed once pe
 takes a Valkey key with NX and a TTL; a later one is recorded as a duplicate. A handler failure
 is retried with backoff up to ``SHADOW_MAX_ATTEMPTS``, then the record goes to the DLQ with its
 original bytes and headers. Either way the outcome is the candidate side of the comparison.
-Served records (``x-served``, RAGFlow's own tasks on Kafka) are acked and counted, never run.
-"""
+Served records (``x-served``, RAGFlow's own tasks on Kafka) are acked and counted, never run."""
 
 from __future__ import annotations
 
@@ -36,7 +35,7 @@ from sidecar.mq.redis_streams import translate_valkey_errors
 from sidecar.routing import RouteTable
 from sidecar.served import is_served
 from sidecar.settings import Settings
-from sidecar.shadow_records import decode_record, int_or_none, mirror_ref
+from sidecar.shadow_records import decode_record, int_or_none, mirror_ref, raise_failures
 
 logger = logging.getLogger(__name__)
 
@@ -73,10 +72,8 @@ class ShadowConsumer(Lifecycle):
         consumer_overrides: dict[str, Any] | None = None,
         on_processed: Callable[[float | None, float], None] | None = None,
     ) -> None:
-        """``on_processed(queue_wait_ms, processing_ms)`` is told of each task run (metrics).
-
-        ``topics`` default to the mirror's route table (``MIRROR_ROUTES`` included): the
-        shadow reads wherever the mirror writes."""
+        """``on_processed(queue_wait_ms, processing_ms)`` is told of each task run (metrics);
+        ``topics`` default to the mirror's route table: the shadow reads where it writes."""
         super().__init__()
         routes = RouteTable(settings.mirror.routes)
         if topics is None:
@@ -153,7 +150,7 @@ class ShadowConsumer(Lifecycle):
             while not stop.is_set() and not heartbeat.done():
                 if len(running) >= limit:
                     done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-                    _raise_failures(done)
+                    raise_failures(done)
                     continue
                 await self._consumer.commit_due()
                 batch = await self._consumer.poll_batch(limit - len(running), POLL_TIMEOUT_MS)
@@ -178,7 +175,7 @@ class ShadowConsumer(Lifecycle):
                 self.stats.in_flight = len(running)
                 finished = {task for task in running if task.done()}
                 running -= finished
-                _raise_failures(finished)
+                raise_failures(finished)
             if heartbeat.done():
                 heartbeat.result()
         finally:
@@ -394,12 +391,3 @@ class ShadowConsumer(Lifecycle):
         if self._tracing.enabled:
             facts.update(self._tracing.candidate_facts(message))  # for the verdict's links
         return facts
-
-
-def _raise_failures(done: set[asyncio.Task[None]]) -> None:
-    """Raise the first failure among ``done``; every one is retrieved, so that asyncio does
-    not report the others as never retrieved."""
-    failures = [task.exception() for task in done if not task.cancelled()]
-    first = next((failure for failure in failures if failure is not None), None)
-    if first is not None:
-        raise first

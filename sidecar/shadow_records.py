@@ -1,10 +1,11 @@
 """How the shadow consumer reads a task record: the entry it names, its task, its numbers.
 
-Apart from the consuming loop (``shadow.py``) so that each stays readable; all of it is pure.
+Apart from the consuming loop (``shadow.py``) so that each stays readable.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
@@ -57,3 +58,12 @@ def mirror_ref(message: QueueMessage) -> EntryRef | None:
     except UnicodeDecodeError:
         return None
     return EntryRef(stream_text, id_text) if _ENTRY_ID.fullmatch(id_text) else None
+
+
+def raise_failures(done: set[asyncio.Task[None]]) -> None:
+    """Raise the first failure among ``done``; every one is retrieved, so that asyncio does
+    not report the others as never retrieved."""
+    failures = [task.exception() for task in done if not task.cancelled()]
+    first = next((failure for failure in failures if failure is not None), None)
+    if first is not None:
+        raise first

@@ -1,9 +1,5 @@
-"""Apache Kafka backend on aiokafka.
-
-Producer: ``acks="all"`` and ``enable_idempotence=True``. aiokafka has neither ``retries`` nor
-``max_in_flight_requests_per_connection`` (the seed design passes both): it keeps at most one
-in-flight batch per partition and retries it until ``request_timeout_ms``, and idempotence
-lets the broker drop a retried duplicate. Together they keep per-key order with no loss.
+"""Apache Kafka backend on aiokafka: the consumer here, the producer in ``kafka_producer`` and
+the error translation in ``kafka_errors`` (both re-exported, so ``sidecar.mq.kafka`` names all).
 
 Consumer: manual commits only. An ack commits a partition up to its lowest unfinished offset
 (:class:`~sidecar.mq.offsets.PartitionOffsets`), never "everything fetched", so records still
@@ -13,238 +9,39 @@ in flight when the process dies are delivered again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import ssl
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka import errors as kafka_errors
-from aiokafka.conn import create_conn
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
 from sidecar.errors import (
-    AuthenticationError,
-    MessageQueueError,
-    MessageTooLargeError,
-    ProducerStateLostError,
     RetriableMessageQueueError,
-    ServiceUnavailableError,
     SidecarError,
 )
-from sidecar.mq.base import MessageQueueConsumer, MessageQueueProducer, OutgoingMessage, SendResult
+from sidecar.mq.base import MessageQueueConsumer
+from sidecar.mq.kafka_errors import (
+    check_login,
+    kafka_where,
+    translate_kafka_error,
+    translate_kafka_errors,
+)
+from sidecar.mq.kafka_producer import KafkaProducer
 from sidecar.mq.message import QueueMessage
 from sidecar.mq.offsets import PartitionOffsets
 from sidecar.mq.redelivery import DelayedRedeliveries
-from sidecar.partitioner import KeyPartitioner
 from sidecar.settings import KafkaSettings
 
+__all__ = [
+    "KafkaConsumer",
+    "KafkaProducer",
+    "check_login",
+    "stop_consumer",
+    "translate_kafka_error",
+    "translate_kafka_errors",
+]
+
 logger = logging.getLogger(__name__)
-
-
-def translate_kafka_error(exc: BaseException, action: str, where: str) -> SidecarError:
-    """The sidecar's error for an aiokafka exception."""
-    if isinstance(
-        exc,
-        kafka_errors.AuthenticationFailedError
-        | kafka_errors.SaslAuthenticationFailed
-        | kafka_errors.UnsupportedSaslMechanismError
-        | kafka_errors.AuthenticationMethodNotSupported
-        | kafka_errors.TopicAuthorizationFailedError
-        | kafka_errors.GroupAuthorizationFailedError
-        | kafka_errors.ClusterAuthorizationFailedError,
-    ):
-        return AuthenticationError(f"Kafka at {where} refused to let us {action}: {exc}")
-    if isinstance(exc, kafka_errors.KafkaConnectionError):
-        return ServiceUnavailableError(f"cannot reach Kafka at {where} to {action}: {exc}")
-    if isinstance(exc, kafka_errors.MessageSizeTooLargeError):
-        return MessageTooLargeError(f"Kafka at {where} cannot {action}: {exc}")
-    if isinstance(exc, kafka_errors.UnknownTopicOrPartitionError):
-        return MessageQueueError(f"Kafka at {where} cannot {action}: the topic does not exist")
-    if isinstance(
-        exc,
-        kafka_errors.OutOfOrderSequenceNumber
-        | kafka_errors.UnknownProducerId
-        | kafka_errors.ProducerFenced  # what aiokafka makes of InvalidProducerEpoch
-        | kafka_errors.InvalidProducerEpoch
-        | kafka_errors.InvalidProducerIdMapping,
-    ):
-        return ProducerStateLostError(
-            f"Kafka at {where} refused the producer's sequence to {action}: {exc!r}"
-        )
-    if isinstance(exc, kafka_errors.KafkaTimeoutError):
-        return RetriableMessageQueueError(f"Kafka at {where} timed out trying to {action}")
-    if isinstance(exc, kafka_errors.KafkaError) and exc.retriable:
-        return RetriableMessageQueueError(f"Kafka at {where} failed to {action}: {exc!r}")
-    return MessageQueueError(f"Kafka at {where} failed to {action}: {exc!r}")
-
-
-@contextmanager
-def translate_kafka_errors(action: str, where: str) -> Iterator[None]:
-    """Raise the sidecar's error for anything aiokafka raises inside the block."""
-    try:
-        yield
-    except kafka_errors.KafkaError as exc:
-        raise translate_kafka_error(exc, action, where) from exc
-
-
-def _where(settings: KafkaSettings) -> str:
-    return ",".join(settings.bootstrap_servers)
-
-
-async def check_login(settings: KafkaSettings) -> None:
-    """Raise :class:`AuthenticationError` if Kafka refuses our TLS or SASL login.
-
-    aiokafka only logs why its bootstrap connections failed (refused credentials, a certificate
-    not signed by the CA) and raises a connection error that looks like a broker that is down,
-    which a supervisor would retry forever. One connection made by hand before the clients start
-    tells the two apart. A broker that is really unreachable is left to the clients to report.
-    """
-    if settings.security_protocol == "PLAINTEXT":
-        return
-    options = settings.client_kwargs()
-    action = "log in"
-    if settings.security_protocol.startswith("SASL_"):
-        action += f" as {settings.sasl_username!r} with {settings.sasl_mechanism}"
-    for server in settings.bootstrap_servers:
-        host, _, port = server.rpartition(":")
-        try:
-            connection = await create_conn(
-                host,
-                int(port),
-                client_id=settings.client_id,
-                request_timeout_ms=settings.request_timeout_ms,
-                ssl_context=options.get("ssl_context"),
-                security_protocol=settings.security_protocol,
-                sasl_mechanism=options.get("sasl_mechanism"),
-                sasl_plain_username=options.get("sasl_plain_username"),
-                sasl_plain_password=options.get("sasl_plain_password"),
-            )
-        except (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLSyscallError):
-            continue  # dropped mid-handshake: a broker starting or restarting, not a refusal
-        except ssl.SSLError as exc:
-            raise AuthenticationError(
-                f"Kafka at {server}: TLS handshake failed ({exc.reason or exc}); "
-                "is KAFKA_SSL_CAFILE the CA that signed the broker's certificate?"
-            ) from exc
-        except kafka_errors.KafkaError as exc:
-            translated = translate_kafka_error(exc, action, server)
-            if not translated.retriable:
-                raise translated from exc
-        except (OSError, TimeoutError):
-            continue
-        else:
-            connection.close()
-            return  # one broker accepted us; the others hold the same users
-
-
-class KafkaProducer(MessageQueueProducer):
-    """Idempotent, ``acks=all`` producer; ``send_many`` keeps every record of a batch in flight."""
-
-    def __init__(self, settings: KafkaSettings, **overrides: Any) -> None:
-        super().__init__()
-        self._settings = settings
-        self._overrides = overrides
-        self._producer: Any = None
-        self._where = _where(settings)
-        timeout_ms = int(overrides.get("request_timeout_ms", settings.request_timeout_ms))
-        self._delivery_timeout_s = (2 * timeout_ms + settings.linger_ms) / 1000 + 1
-
-    async def _start(self) -> None:
-        options: dict[str, Any] = {
-            **self._settings.client_kwargs(),
-            "acks": "all",
-            "enable_idempotence": True,
-            "compression_type": self._settings.compression_type,
-            "linger_ms": self._settings.linger_ms,
-            "partitioner": KeyPartitioner(),
-        }
-        options.update(self._overrides)
-        try:
-            producer = AIOKafkaProducer(**options)
-        except (kafka_errors.KafkaError, RuntimeError, ValueError) as exc:
-            raise MessageQueueError(f"invalid Kafka producer settings: {exc}") from exc
-        try:
-            with translate_kafka_errors("start a producer", self._where):
-                await producer.start()
-        except BaseException:
-            await producer.stop()
-            raise
-        self._producer = producer
-
-    async def _stop(self) -> None:
-        producer, self._producer = self._producer, None
-        if producer is not None:
-            with translate_kafka_errors("flush and stop the producer", self._where):
-                try:
-                    # A flush towards a broker that is gone would wait forever.
-                    await asyncio.wait_for(producer.stop(), timeout=self._delivery_timeout_s)
-                except TimeoutError:
-                    logger.warning("producer did not flush in %.0f s", self._delivery_timeout_s)
-                    await _force_close(producer)
-
-    async def send_many(
-        self, messages: Sequence[OutgoingMessage]
-    ) -> list[SendResult | SidecarError]:
-        if self._producer is None:
-            raise RuntimeError("producer is not started")
-        pending: list[asyncio.Future[Any] | SidecarError] = []
-        for message in messages:
-            try:
-                # send() only enqueues; awaiting the returned future waits for the broker's ack.
-                future = await self._producer.send(
-                    message.destination,
-                    message.value_bytes(),
-                    key=message.key_bytes(),
-                    headers=message.headers or None,
-                )
-            except kafka_errors.KafkaError as exc:
-                pending.append(
-                    translate_kafka_error(exc, f"send to {message.destination}", self._where)
-                )
-                continue
-            pending.append(future)
-        # aiokafka can leave a future pending for as long as a dead broker's connection looks
-        # open; past the delivery timeout the record counts as not taken and is sent again.
-        futures = [item for item in pending if not isinstance(item, SidecarError)]
-        if futures:
-            # Waiting on the last record first usually finds the rest done already, and
-            # registers one callback instead of one per record.
-            deadline = asyncio.get_running_loop().time() + self._delivery_timeout_s
-            await asyncio.wait(futures[-1:], timeout=self._delivery_timeout_s)
-            unfinished = [future for future in futures if not future.done()]
-            remaining_s = deadline - asyncio.get_running_loop().time()
-            if unfinished and remaining_s > 0:
-                await asyncio.wait(unfinished, timeout=remaining_s)
-        outcomes: list[SendResult | SidecarError] = []
-        for message, item in zip(messages, pending, strict=True):
-            if isinstance(item, SidecarError):
-                outcomes.append(item)
-                continue
-            if not item.done():
-                outcomes.append(
-                    RetriableMessageQueueError(
-                        f"Kafka at {self._where} did not acknowledge a record for "
-                        f"{message.destination} within {self._delivery_timeout_s:.0f} s"
-                    )
-                )
-                continue
-            try:
-                metadata = item.result()
-            except kafka_errors.KafkaError as exc:
-                outcomes.append(
-                    translate_kafka_error(exc, f"send to {message.destination}", self._where)
-                )
-                continue
-            topic, partition, offset = metadata.topic, metadata.partition, metadata.offset
-            outcomes.append(SendResult(topic, f"{topic}:{partition}:{offset}", partition, offset))
-        return outcomes
-
-    async def flush(self) -> None:
-        if self._producer is not None:
-            with translate_kafka_errors("flush", self._where):
-                await self._producer.flush()
 
 
 class KafkaConsumer(MessageQueueConsumer):
@@ -279,7 +76,7 @@ class KafkaConsumer(MessageQueueConsumer):
         self.group_id = group_id or settings.consumer_group
         self._overrides = overrides
         self._consumer: Any = None
-        self._where = _where(settings)
+        self._where = kafka_where(settings)
         self._offsets: dict[TopicPartition, PartitionOffsets] = {}
         self._committed: dict[TopicPartition, int] = {}
         self._commit_lock = asyncio.Lock()
@@ -521,18 +318,6 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         logger.info("assigned %s", sorted(f"{tp.topic}[{tp.partition}]" for tp in assigned))
-
-
-async def _force_close(producer: AIOKafkaProducer) -> None:
-    """Close what a cancelled ``stop()`` leaves open: aiokafka marks the producer closed before
-    it flushes, so its sender would go on retrying the unsent records in the background, and
-    deliver them whenever the broker came back, long after we gave them up."""
-    sender = getattr(producer, "_sender", None)
-    with contextlib.suppress(Exception, asyncio.CancelledError, TimeoutError):
-        if sender is not None:
-            await asyncio.wait_for(sender.close(), timeout=5)
-    with contextlib.suppress(Exception, asyncio.CancelledError, TimeoutError):
-        await asyncio.wait_for(producer.client.close(), timeout=5)
 
 
 async def stop_consumer(consumer: AIOKafkaConsumer) -> None:
