@@ -547,6 +547,23 @@ def _instructions(dockerfile: Path = DOCKERFILE) -> list[tuple[str, str]]:
     return out
 
 
+def _copied_context(tmp_path: Path, dockerfile: Path) -> Path:
+    """A build context holding exactly what ``dockerfile`` COPYs from the repository."""
+    context = tmp_path / "src"
+    context.mkdir()
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for keyword, args in _instructions(dockerfile):
+        if keyword == "COPY" and not args.startswith("--from"):
+            *sources, _destination = args.split()
+            for source in sources:
+                path = REPO / source
+                if path.is_dir():
+                    shutil.copytree(path, context / source, ignore=ignore)
+                else:
+                    shutil.copy2(path, context / source)
+    return context
+
+
 def _final_stage(dockerfile: Path = DOCKERFILE) -> list[tuple[str, str]]:
     instructions = _instructions(dockerfile)
     last_from = max(i for i, (keyword, _) in enumerate(instructions) if keyword == "FROM")
@@ -595,18 +612,7 @@ def test_dockerignore_keeps_local_state_out() -> None:
 
 def test_the_dockerfiles_install_step_works_on_what_it_copies(tmp_path: Path) -> None:
     """`pip install .` on exactly the files the Dockerfile copies (no engine to build with)."""
-    context = tmp_path / "src"
-    context.mkdir()
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for keyword, args in _instructions():
-        if keyword == "COPY" and not args.startswith("--from"):
-            *sources, _destination = args.split()
-            for source in sources:
-                path = REPO / source
-                if path.is_dir():
-                    shutil.copytree(path, context / source, ignore=ignore)
-                else:
-                    shutil.copy2(path, context / source)
+    context = _copied_context(tmp_path, DOCKERFILE)
     target = tmp_path / "site"
     install = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
@@ -874,18 +880,7 @@ def test_ragflow_dockerfile_holds_no_secret() -> None:
 def test_the_ragflow_images_wheel_loads_ragflow_mq_at_python_start(tmp_path: Path) -> None:
     """The wheel stage on exactly what it copies, then the layout the image has: the wheel's
     files installed, its sitecustomize directory first on PYTHONPATH."""
-    context = tmp_path / "src"
-    context.mkdir()
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for keyword, args in _instructions(RAGFLOW_DOCKERFILE):
-        if keyword == "COPY" and not args.startswith("--from"):
-            *sources, _destination = args.split()
-            for source in sources:
-                path = REPO / source
-                if path.is_dir():
-                    shutil.copytree(path, context / source, ignore=ignore)
-                else:
-                    shutil.copy2(path, context / source)
+    context = _copied_context(tmp_path, RAGFLOW_DOCKERFILE)
     wheels = tmp_path / "wheels"
     build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(wheels),
