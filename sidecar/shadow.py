@@ -35,7 +35,13 @@ from sidecar.mq.redis_streams import translate_valkey_errors
 from sidecar.routing import RouteTable
 from sidecar.served import is_served
 from sidecar.settings import Settings
-from sidecar.shadow_records import decode_record, int_or_none, mirror_ref, raise_failures
+from sidecar.shadow_records import (
+    decode_record,
+    int_or_none,
+    mirror_ref,
+    order_key,
+    raise_failures,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -162,11 +168,11 @@ class ShadowConsumer(Lifecycle):
                         self.stats.skipped_served += 1
                         await message.ack()
                         continue
-                    # Order is judged in consumption order, before tasks run concurrently. A
-                    # record naming no entry has no place in it (its id used to stop the loop).
+                    # Order is judged in consumption order, before tasks run concurrently, and
+                    # only where promised: one stream's entries of one key in one partition.
                     named = mirror_ref(message)
-                    key = str(message.key or b"", "utf-8", "replace")
-                    violation = self._order.observe(key, named.entry_id) if named else None
+                    place = order_key(message, named.stream) if named else ""
+                    violation = self._order.observe(place, named.entry_id) if named else None
                     after = str(violation.right) if violation is not None else None
                     work = self._process(message, after, stop)
                     if self._tracing.enabled:

@@ -67,3 +67,9 @@ def raise_failures(done: set[asyncio.Task[None]]) -> None:
     first = next((failure for failure in failures if failure is not None), None)
     if first is not None:
         raise first
+
+
+def order_key(message: QueueMessage, stream: str) -> str:
+    """Where per-key order is promised: one partition, one stream, one key."""
+    key = str(message.key or b"", "utf-8", "replace")
+    return f"{message.topic}[{message.partition}]\x00{stream}\x00{key}"
