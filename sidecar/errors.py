@@ -62,6 +62,18 @@ class MessageTooLargeError(MessageQueueError):
     """The record is larger than the topic or broker accepts."""
 
 
+# Every reason a MessageDecodeError gives: label values known before the first one happens.
+DECODE_REASONS: tuple[str, ...] = (
+    "no_message_field",
+    "no_value",
+    "not_utf8",
+    "not_json",
+    "not_object",
+    "no_task_id",
+    "not_unicode",
+)
+
+
 class MessageDecodeError(SidecarError):
     """A message's value is not a JSON object; ``reason`` is a short code for metrics/DLQ."""
 

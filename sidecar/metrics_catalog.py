@@ -10,10 +10,17 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from sidecar.errors import DECODE_REASONS
 from sidecar.metrics import counts
 
 if TYPE_CHECKING:
     from sidecar.service import Sidecar
+
+# The label sets known in advance, exported at 0 from start-up: a dashboard shows 0, not
+# "No data", before the first dead letter or skipped task (and a rate() has a start point).
+MIRROR_DEAD_REASONS: tuple[str, ...] = (*DECODE_REASONS, "too_large")
+SHADOW_DEAD_REASONS: tuple[str, ...] = (*DECODE_REASONS, "handler_failed")
+SKIP_REASONS: tuple[str, ...] = ("outside_share",)
 
 
 def register_metrics(sidecar: Sidecar) -> None:
@@ -26,7 +33,9 @@ def register_metrics(sidecar: Sidecar) -> None:
             "mirrored", "tasks mirrored to Kafka", lambda: counts(stats.routes, "stream", "topic")
         )
         metrics.observe_counter(
-            "skipped", "tasks left out of Kafka", lambda: counts(stats.skipped, "reason")
+            "skipped",
+            "tasks left out of Kafka",
+            lambda: counts(Counter({**dict.fromkeys(SKIP_REASONS, 0), **stats.skipped}), "reason"),
         )
         metrics.observe_counter(
             "mirror_read", "stream entries read by the mirror", lambda: [({}, stats.read)]
@@ -105,10 +114,12 @@ def register_metrics(sidecar: Sidecar) -> None:
 
 
 def _dead(sidecar: Sidecar) -> list[tuple[dict[str, str], float]]:
-    found: Counter[tuple[str, str]] = Counter()
+    found: dict[tuple[str, str], int] = {}
     if sidecar.mirror is not None:
+        found.update(dict.fromkeys((("mirror", r) for r in MIRROR_DEAD_REASONS), 0))
         found.update({("mirror", r): n for r, n in sidecar.mirror.stats.dead_lettered.items()})
     if sidecar.shadow is not None:
+        found.update(dict.fromkeys((("shadow", r) for r in SHADOW_DEAD_REASONS), 0))
         found.update({("shadow", r): n for r, n in sidecar.shadow.stats.dead_lettered.items()})
     return [({"stage": stage, "reason": reason}, float(n)) for (stage, reason), n in found.items()]
 

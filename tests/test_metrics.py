@@ -114,3 +114,18 @@ async def test_metrics_of_a_running_sidecar(
     # The RAGFlow-like worker's deliveries, seen by the observer, are the Redis path.
     assert sample(text, "ragflow_sidecar_queue_wait_milliseconds_count", path="redis") > 0
     assert "ragflow_sidecar_kafka_lag{" in text
+
+
+async def test_counters_are_exported_at_zero_before_their_first_increment(
+    settings: Settings, unique: str
+) -> None:
+    await init_topics(settings.kafka)
+    port = free_port()
+    config = sidecar_settings(settings, [f"{unique}.0"], unique, SIDECAR_METRICS_PORT=str(port))
+    async with running_sidecar(config):
+        status, text = await get(f"http://127.0.0.1:{port}/metrics")
+    assert status == 200
+    assert sample(text, "ragflow_sidecar_skipped_total", reason="outside_share") == 0
+    for stage, reason in (("mirror", "not_json"), ("mirror", "too_large"),
+                          ("shadow", "handler_failed"), ("shadow", "no_value")):  # fmt: skip
+        assert sample(text, "ragflow_sidecar_dead_lettered_total", stage=stage, reason=reason) == 0
