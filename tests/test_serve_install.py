@@ -4,8 +4,10 @@ refuses, and what it does when Kafka is away."""
 from __future__ import annotations
 
 import importlib
+import json
 import re
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -200,3 +202,45 @@ async def test_the_cap_lowers_the_share_and_an_evicted_cap_is_kept(
     runtime.read_cap()
     assert runtime.percent() == 50
     client.close()
+
+
+async def test_the_split_factory_sends_served_keys_to_kafka_and_the_rest_to_redis(
+    stack: LocalStack, unique: str, tmp_path: Path
+) -> None:
+    world = await make_world(stack, unique, tmp_path, KAFKA_SERVE_PERCENT="50")
+    settings = Settings.from_env(world.env)
+    low = world.streams[1]
+    tasks = [t for d in range(40) for t in _tasks(f"{unique}doc{d}", 2)]
+    async with ragflow_mq.create_producer(settings) as producer:
+        results = await producer.send_many([ragflow_mq.OutgoingMessage(low, t) for t in tasks])
+    by_doc: dict[str, set[str]] = {}
+    for task, result in zip(tasks, results, strict=True):
+        assert not isinstance(result, Exception), result
+        by_doc.setdefault(task["doc_id"], set()).add(result.destination)
+    assert all(len(paths) == 1 for paths in by_doc.values()), "a document on both paths"
+    destinations = {next(iter(paths)) for paths in by_doc.values()}
+    assert destinations == {low, f"{unique}.tasks"}
+    client = valkey.Valkey.from_url(stack.valkey.url)
+    in_redis = {json.loads(f[b"message"])["doc_id"] for _, f in client.xrange(low)}
+    client.close()
+    assert in_redis == {doc for doc, paths in by_doc.items() if paths == {low}}
+
+
+async def test_queue_info_counts_kafka_tasks_in_hand_as_pending(
+    stack: LocalStack, unique: str, tmp_path: Path, redis_conn: ModuleType
+) -> None:
+    world = await make_world(stack, unique, tmp_path, KAFKA_SERVE_PERCENT="100")
+    assert ragflow_mq.install(Settings.from_env(world.env))
+    conn, low = redis_conn.REDIS_CONN, world.streams[1]
+    for task in _tasks(f"{unique}doc", 2):
+        assert conn.queue_product(low, task)
+    deadline = time.monotonic() + 60
+    message = None
+    while message is None and time.monotonic() < deadline:
+        list(conn.get_unacked_iterator(list(world.streams), GROUP, "task_executor_common_q_0"))
+        message = conn.queue_consumer(low, GROUP, "task_executor_common_q_0")
+    assert message is not None and ":" in message.get_msg_id()
+    info = conn.queue_info(low, GROUP)
+    assert info is not None and info["pending"] == 1  # none in Redis, one Kafka task in hand
+    assert message.ack()
+    assert conn.queue_info(low, GROUP)["pending"] == 0
