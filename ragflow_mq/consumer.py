@@ -13,6 +13,7 @@ RAGFlow could not take (no JSON object with an id) or handed out more than
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -222,6 +223,7 @@ class ServeConsumer:
 
     async def _dead_letter(self, message: QueueMessage, reason: str, detail: str) -> None:
         assert self._consumer is not None and self._dlq is not None
+        # Built once: the DLQ record keeps the bytes as read whatever happens next.
         record = dead_letter(
             reason=reason,
             detail=detail,
@@ -236,11 +238,25 @@ class ServeConsumer:
                 *message.headers,
             ),
         )
-        await self._dlq.start()
-        # Not committed past until the DLQ has it: a failure here redelivers the record.
-        await self._dlq.send(
-            record.destination, record.value, key=record.key, headers=record.headers
-        )
+        # Not finished (so not committed past) until the DLQ has it. Tried until it does:
+        # giving up here would leave the record unfinished and its partition's commits stuck
+        # behind it until the next rebalance; Kafka being away stalls fetching anyway.
+        while True:
+            try:
+                await self._dlq.start()
+                await self._dlq.send(
+                    record.destination, record.value, key=record.key, headers=record.headers
+                )
+                break
+            except SidecarError as exc:
+                if self._stopping:
+                    raise
+                logger.warning("dead-lettering %s failed (again in 1 s): %s", message.id, exc)
+                if exc.needs_new_client:
+                    broken, self._dlq = self._dlq, KafkaProducer(self._settings.kafka, linger_ms=0)
+                    with contextlib.suppress(SidecarError):
+                        await broken.stop()
+                await asyncio.sleep(1)
         self._consumer.finish(message)
         self._recorder.count("kafka", "dead_lettered")
         logger.warning("served record %s dead-lettered: %s (%s)", message.id, reason, detail)
@@ -269,13 +285,16 @@ class ServeConsumer:
 
     def finished(self, task: KafkaTask) -> None:
         """RAGFlow acked ``task`` (any thread)."""
+        consumer = self._consumer
+        if self._loop is not None and consumer is not None:
+            # Queued on the loop before the task leaves the hand: a rebalance that sees the
+            # hand empty finds its offset finished once it yields (see _revoked).
+            self._loop.call_soon_threadsafe(consumer.finish, task.message)
         with self._lock:
             self._in_hand.pop(task.message.id, None)
         self._recorder.count("kafka", "finished")
         self._recorder.observe("kafka", "processing", (time.time() - task.handed_out_s) * 1000)
         self._on_finished(task.task_id)
-        if self._loop is not None and self._consumer is not None:
-            self._loop.call_soon_threadsafe(self._consumer.finish, task.message)
 
     def in_hand(self) -> int:
         with self._lock:
@@ -310,6 +329,7 @@ class ServeConsumer:
             with self._lock:
                 waiting = sum(1 for task in self._in_hand.values() if revoked(task))
             if not waiting:
+                await asyncio.sleep(0)  # let the acks' finish() callbacks run before the commit
                 return
             await asyncio.sleep(0.05)
         if waiting:
