@@ -1,8 +1,10 @@
 """The HTTP endpoint on ``SIDECAR_METRICS_PORT``: ``/metrics``, ``/healthz`` and ``/readyz``.
 
-``/healthz`` is 200 while no component's loop has died (a supervisor restarts the process
-otherwise); ``/readyz`` is 200 once every component has started, which means connected to
-Valkey and Kafka, and while all of them run. A tiny asyncio HTTP/1.1 server: three GET routes
+``/healthz`` (liveness) is 200 while the process serves and no loop is wedged: one that has
+not turned for ``HEALTH_WEDGED_S``. Valkey or Kafka away is not a reason to restart the
+process (it rebuilds itself when they are back), so it does not fail liveness. ``/readyz``
+(readiness) is 200 once every component has started, which means connected to Valkey and
+Kafka, and while all of them run. A tiny asyncio HTTP/1.1 server: three GET routes
 do not need a web framework, and it runs on the sidecar's own event loop, so a stuck loop also
 shows as a probe that times out.
 """
@@ -30,6 +32,21 @@ class Health:
         self.components = components
         self.running: dict[str, bool] = dict.fromkeys(components, False)
         self.died: dict[str, str] = {}
+        self.wedged: dict[str, float] = {}  # component -> seconds since its loop last turned
+        self.unreachable: dict[str, str] = {}  # dependency (valkey, kafka) -> why
+        self._turns: dict[str, tuple[int, float]] = {}  # component -> (turns, when they moved)
+
+    def note_turns(self, component: str, turns: int, now: float, wedged_after_s: float) -> None:
+        """Told the loop's turn count every so often; a count that stays put while the loop
+        runs for ``wedged_after_s`` marks it wedged, until it moves again."""
+        seen = self._turns.get(component)
+        if seen is None or seen[0] != turns or not self.running.get(component):
+            self._turns[component] = (turns, now)
+            self.wedged.pop(component, None)
+            return
+        stalled_s = now - seen[1]
+        if stalled_s >= wedged_after_s:
+            self.wedged[component] = stalled_s
 
     def set_running(self, component: str, running: bool) -> None:
         self.running[component] = running
@@ -40,15 +57,27 @@ class Health:
 
     @property
     def healthy(self) -> bool:
-        return not self.died
+        """Liveness: no loop wedged (a loop that died of an outage is being rebuilt)."""
+        return not self.wedged
+
+    def set_reachable(self, dependency: str, problem: str | None) -> None:
+        """What the last check of Valkey or Kafka found: ``None`` when it answered."""
+        if problem is None:
+            self.unreachable.pop(dependency, None)
+        else:
+            self.unreachable[dependency] = problem
 
     @property
     def ready(self) -> bool:
-        return self.healthy and all(self.running.values())
+        return (
+            self.healthy and not self.died and not self.unreachable and all(self.running.values())
+        )
 
     def summary(self) -> str:
         parts = [f"{name}={'up' if up else 'down'}" for name, up in self.running.items()]
         parts += [f"{name} died: {reason}" for name, reason in self.died.items()]
+        parts += [f"{name} wedged for {s:.0f} s" for name, s in self.wedged.items()]
+        parts += [f"{name} unreachable: {why}" for name, why in self.unreachable.items()]
         return " ".join(parts)
 
 

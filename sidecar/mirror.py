@@ -63,6 +63,7 @@ class MirrorStats:
     unknown_task_types: Counter[str] = field(default_factory=Counter)
     produce_retries: int = 0
     batches: int = 0
+    turns: int = 0  # of the loop: the liveness probe's sign of life
     # XADD (the entry id's milliseconds) to Kafka's ack, for the latest records mirrored.
     latency_ms: deque[int] = field(default_factory=lambda: deque(maxlen=100_000))
 
@@ -170,6 +171,7 @@ class Mirror(Lifecycle):
         prefetch: asyncio.Task[list[QueueMessage]] | None = None
         try:
             while True:
+                self.stats.turns += 1
                 if prefetch is not None:
                     batch = await prefetch
                     prefetch = None

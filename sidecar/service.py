@@ -20,6 +20,8 @@ from collections.abc import Coroutine
 from dataclasses import asdict
 from typing import Any
 
+from valkey.exceptions import ValkeyError
+
 from sidecar.control import ControlRecorder
 from sidecar.errors import SidecarError
 from sidecar.handlers import NamedHandler, load_handler
@@ -40,6 +42,9 @@ from sidecar.tracing import Tracing
 logger = logging.getLogger(__name__)
 
 GAUGE_REFRESH_S = 5.0
+# Readiness: how often, and how patiently, Valkey and Kafka are asked whether they answer.
+DEPENDENCY_CHECK_S = 3.0
+DEPENDENCY_TIMEOUT_S = 2.0
 
 
 class Sidecar(Lifecycle):
@@ -171,6 +176,7 @@ class Sidecar(Lifecycle):
                     group.create_task(self._watched("observer", self.observer.run(halt), halt))
                 group.create_task(self._watched("sweeper", self.judge.run_sweeper(halt), halt))
                 group.create_task(_halting(self._refresh_gauges(halt), halt), name="metrics")
+                group.create_task(_halting(self._watch_turns(halt), halt), name="watchdog")
         except BaseExceptionGroup as group_error:
             # One outage can fail several loops at once: the error told (and acted on by the
             # supervisor) is the one that retrying cannot fix, if any, not the fastest.
@@ -206,6 +212,51 @@ class Sidecar(Lifecycle):
                     logger.debug("lag for metrics: %s", exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=GAUGE_REFRESH_S)
+
+    async def _watch_turns(self, stop: asyncio.Event) -> None:
+        """Tell the liveness probe how far the mirror's and the shadow's loops have turned
+        (produce retries count: a mirror riding out a Kafka outage is not wedged), and the
+        readiness probe whether Valkey and Kafka answer: an idle sidecar sends them nothing
+        that would fail, so an outage would otherwise go unseen until work arrives."""
+        wedged_s = self.settings.metrics.wedged_s
+        next_check = 0.0
+        while not stop.is_set():
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + DEPENDENCY_CHECK_S
+                await self._check_dependencies()
+            if self.mirror is not None:
+                stats = self.mirror.stats
+                self.health.note_turns("mirror", stats.turns + stats.produce_retries, now, wedged_s)
+            if self.shadow is not None:
+                self.health.note_turns("shadow", self.shadow.stats.turns, now, wedged_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=min(1.0, wedged_s / 4))
+
+    async def _check_dependencies(self) -> None:
+        try:
+            await asyncio.wait_for(self.judge.join_client.ping(), DEPENDENCY_TIMEOUT_S)
+            self.health.set_reachable("valkey", None)
+        except (TimeoutError, OSError, ValkeyError) as exc:
+            self.health.set_reachable("valkey", type(exc).__name__)
+        problems = []
+        for server in self.settings.kafka.bootstrap_servers:
+            host, _, port = server.rpartition(":")
+            try:
+                _, writer = await asyncio.wait_for(
+                    asyncio.open_connection(host, int(port)), DEPENDENCY_TIMEOUT_S
+                )
+            except (TimeoutError, OSError) as exc:
+                problems.append(f"{server} {type(exc).__name__}")
+                continue
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+            break
+        else:
+            self.health.set_reachable("kafka", ", ".join(problems))
+            return
+        self.health.set_reachable("kafka", None)
 
     async def _after_produce(self, mirrored: list[tuple[QueueMessage, OutgoingMessage]]) -> None:
         now_ms = time.time() * 1000

@@ -223,6 +223,9 @@ class MetricsSettings:
     port: int = 9464  # SIDECAR_METRICS_PORT; 0 turns the HTTP endpoint off
     host: str = "0.0.0.0"  # SIDECAR_METRICS_HOST; the container's port is published by compose
     otlp: bool = False  # OTEL_METRICS_EXPORTER has otlp, or an OTLP endpoint is set
+    # /healthz turns 503 when a loop has not turned for this long (HEALTH_WEDGED_S): above
+    # the longest a handler or a produce retry may legitimately hold one turn.
+    wedged_s: float = 300.0
 
 
 OTEL_SAMPLERS: tuple[str, ...] = (
@@ -505,6 +508,7 @@ def _build_metrics(reader: _Reader) -> MetricsSettings:
         port=reader.integer("SIDECAR_METRICS_PORT", 9464, minimum=0, maximum=65535),
         host=reader.required_text("SIDECAR_METRICS_HOST", "0.0.0.0"),
         otlp=otlp,
+        wedged_s=reader.number("HEALTH_WEDGED_S", 300.0, 1.0, 86400.0),
     )
 
 
@@ -648,6 +652,7 @@ _SHADOW_VARIABLES: tuple[str, ...] = (
 )
 _METRICS_VARIABLES: tuple[str, ...] = (
     "SIDECAR_METRICS_PORT",
+    "HEALTH_WEDGED_S",
     "SIDECAR_METRICS_HOST",
     "OTEL_METRICS_EXPORTER",
     "OTEL_EXPORTER_OTLP_ENDPOINT",

@@ -63,6 +63,7 @@ class ShadowStats:
     dead_lettered: Counter[str] = field(default_factory=Counter)  # by reason
     in_flight: int = 0
     skipped_served: int = 0  # RAGFlow's own tasks on Kafka (x-served): nothing to compare
+    turns: int = 0  # of the loop: the liveness probe's sign of life
 
 
 class ShadowConsumer(Lifecycle):
@@ -134,10 +135,8 @@ class ShadowConsumer(Lifecycle):
         return await self._consumer.wait_for_assignment(timeout_s)
 
     async def pin_start(self, timeout_s: float = 60.0) -> None:
-        """With ``SHADOW_START=latest``, fix where a new group starts, once per start.
-
-        Must come before the mirror produces anything this shadow is meant to see.
-        """
+        """With ``SHADOW_START=latest``, fix where a new group starts, once per start: before
+        the mirror produces anything this shadow is meant to see."""
         if self.settings.shadow.start == "latest" and not self._pinned:
             await self._consumer.pin_start_positions(timeout_s)
             self._pinned = True
@@ -154,6 +153,7 @@ class ShadowConsumer(Lifecycle):
         heartbeat = asyncio.create_task(self._heartbeat(stop), name="shadow-heartbeat")
         try:
             while not stop.is_set() and not heartbeat.done():
+                self.stats.turns += 1
                 if len(running) >= limit:
                     done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                     raise_failures(done)

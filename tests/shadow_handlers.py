@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from typing import Any
@@ -25,3 +26,13 @@ def explode_on_marker(task: dict[str, Any], meta: TaskMeta) -> dict[str, Any]:
     if task.get("digest") == EXPLODE_MARKER:
         raise RuntimeError(f"cannot handle task {task.get('id')}")
     return ragflow_dry_run(task, meta)
+
+
+# Set by a test to let stall_until_released return (a handler that hangs is a wedged loop).
+RELEASE = threading.Event()
+
+
+def stall_until_released(task: dict[str, Any], meta: TaskMeta) -> dict[str, Any]:
+    """Hangs until the test sets ``RELEASE`` (at most a minute), then answers as ``noop``."""
+    RELEASE.wait(60)
+    return {"id": task.get("id")}

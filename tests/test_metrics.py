@@ -60,10 +60,23 @@ async def test_probes_follow_the_components() -> None:
         health.set_running("mirror", True)
         health.set_running("shadow", True)
         assert (await get(base + "/readyz"))[0] == 200
-        health.set_died("shadow", "ServiceUnavailableError('Kafka gone')")
+        # A loop that turns is alive; one whose turn count stays put past the limit is wedged.
+        health.note_turns("shadow", 7, now=100.0, wedged_after_s=30)
+        health.note_turns("shadow", 8, now=140.0, wedged_after_s=30)
+        assert (await get(base + "/healthz"))[0] == 200
+        health.note_turns("shadow", 8, now=169.0, wedged_after_s=30)
+        assert (await get(base + "/healthz"))[0] == 200
+        health.note_turns("shadow", 8, now=171.0, wedged_after_s=30)
         status, body = await get(base + "/healthz")
-        assert status == 503 and "shadow died" in body
+        assert status == 503 and "shadow wedged for 31 s" in body
         assert (await get(base + "/readyz"))[0] == 503
+        health.note_turns("shadow", 9, now=172.0, wedged_after_s=30)
+        assert (await get(base + "/healthz"))[0] == 200
+        # Kafka away: the loop died and the process rebuilds itself; alive, but not ready.
+        health.set_died("shadow", "ServiceUnavailableError('Kafka gone')")
+        assert (await get(base + "/healthz"))[0] == 200
+        status, body = await get(base + "/readyz")
+        assert status == 503 and "shadow died" in body
         assert (await get(base + "/nothing"))[0] == 404
     metrics.shutdown()
 
