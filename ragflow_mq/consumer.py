@@ -96,6 +96,9 @@ class ServeConsumer:
         self._stopping = False
         self._tasks: list[asyncio.Task[None]] = []
         self._warned: set[str] = set()
+        # Partitions revoked since the last fetch began: records of theirs still on their way
+        # to the buffers are now their new owner's, and must not be handed out here too.
+        self._revoked_lately: set[tuple[str, int]] = set()
 
     async def start(self) -> None:
         serve = self._settings.serve
@@ -139,6 +142,7 @@ class ServeConsumer:
             consumer = self._consumer
             if consumer is None:
                 return
+            self._revoked_lately.clear()
             batch = await consumer.poll_batch(room, _FETCH_TIMEOUT_MS)
             if batch:
                 await self._accept(batch)
@@ -174,9 +178,21 @@ class ServeConsumer:
         if not served:
             return
         attempts = await asyncio.to_thread(self._count_attempts, [m for m, _ in served])
+        counted = list(zip(served, attempts, strict=True))
+        # No await from here to the buffers: a rebalance that took a partition while its
+        # records were counted has run by now, and those records are the new owner's.
+        late = [
+            KafkaTask(self, m, t)
+            for (m, t), _ in counted
+            if (m.topic, m.partition) in self._revoked_lately
+        ]
+        if late:
+            gone = {task.message.id for task in late}
+            counted = [(pair, n) for pair, n in counted if pair[0].id not in gone]
+        limit = self._settings.serve.max_attempts
         with self._lock:
-            for (message, task), attempt in zip(served, attempts, strict=True):
-                if attempt > self._settings.serve.max_attempts:
+            for (message, task), attempt in counted:
+                if attempt > limit:
                     continue
                 if attempt > 1:
                     self._recorder.count("kafka", "retried")
@@ -187,8 +203,10 @@ class ServeConsumer:
                     queue = self._queues[-1]
                 self._buffers[queue].append(KafkaTask(self, message, task))
                 self._buffered += 1
-        for (message, _), attempt in zip(served, attempts, strict=True):
-            if attempt > self._settings.serve.max_attempts:
+        if late:
+            await asyncio.to_thread(self._give_back, late)
+        for (message, _), attempt in counted:
+            if attempt > limit:
                 detail = f"handed out {attempt - 1} times without an ack"
                 await self._dead_letter(message, "max_attempts", detail)
 
@@ -307,6 +325,8 @@ class ServeConsumer:
 
         def revoked(task: KafkaTask) -> bool:
             return (task.message.topic, task.message.partition) in partitions
+
+        self._revoked_lately |= partitions
 
         with self._lock:
             dropped: list[KafkaTask] = []
