@@ -191,8 +191,9 @@ class Runtime:
                 failure = starting.exception()
                 if failure is None:
                     self.consumer = starting.result()
-                self._consumer_retry_at = time.monotonic() + _CONSUMER_RETRY_S
-                logger.warning("ragflow_mq: Kafka consumer not started, Redis only: %s", failure)
+                else:
+                    self._consumer_retry_at = time.monotonic() + _CONSUMER_RETRY_S
+                    logger.warning("ragflow_mq: no Kafka consumer yet, Redis only: %s", failure)
             elif starting is None and time.monotonic() >= self._consumer_retry_at:
                 watch_failures(self.failed)
                 self._starting = self.loop.submit(self._start_consumer(consumer_name))
