@@ -8,9 +8,9 @@ from pathlib import Path
 
 import valkey
 
-from sidecar.local_stack import LocalStack, StackConfig
-from sidecar.mq.message import encode_task
-from sidecar.samples import ragflow_tasks
+from sidecar.dev.local_stack import LocalStack, StackConfig
+from sidecar.dev.samples import ragflow_tasks
+from sidecar.transport.message import encode_task
 
 _SIDECAR_PREFIXES = ("KAFKA_", "MIRROR_", "REDIS_", "SHADOW_", "SIDECAR_", "OTEL_")
 

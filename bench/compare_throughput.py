@@ -3,7 +3,7 @@
 A verdict on one task takes what the shadow consumer needs for its record: the payload
 comparison (the bytes RAGFlow put on the Redis stream against the Kafka copy), the outcome
 comparison under the task type's rules, and the digest of both outcomes. Outcomes are
-derived from RAGFlow-shaped tasks (``sidecar.samples.ragflow_tasks``), each side decoding
+derived from RAGFlow-shaped tasks (``sidecar.dev.samples.ragflow_tasks``), each side decoding
 its own copy of the payload, as the two paths do.
 
 - Matching pairs take the fast path: equal bytes, then equal canonical JSON, each side
@@ -33,7 +33,7 @@ from comparators import (
     TypeRules,
     outcome_digest,
 )
-from sidecar.samples import ragflow_tasks
+from sidecar.dev.samples import ragflow_tasks
 
 TARGET = 10_000.0
 

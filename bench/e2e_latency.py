@@ -3,10 +3,10 @@ consumer, and to the verdict.
 
 On a local stack of its own, the bench starts the real ``ragflow-sidecar run`` (mirror, control,
 shadow consumer, observer, judge) as a subprocess, waits for ``/readyz``, then XADDs
-RAGFlow-shaped tasks (``sidecar.samples.ragflow_tasks``, all five kinds) at ``--rate`` per
+RAGFlow-shaped tasks (``sidecar.dev.samples.ragflow_tasks``, all five kinds) at ``--rate`` per
 second for ``--seconds``, after ``--warmup-s`` not counted. Every entry's verdict is read back
-from ``ragflow.shadow.verdicts`` (``sidecar.diffs.read_verdicts``); its fields give, from the
-entry's XADD time (the entry id's milliseconds):
+from ``ragflow.shadow.verdicts`` (``sidecar.verdicts.reader.read_verdicts``); its fields give, from
+the entry's XADD time (the entry id's milliseconds):
 
 - Kafka ack: ``timings.control.mirror_latency_ms``, when the mirror had Kafka's ack for the
   batch (the path ``bench/mirror_throughput.py`` measures on the mirror alone);
@@ -44,13 +44,13 @@ from typing import Any
 import valkey
 from bench_common import bench_stack, environment_without_sidecar_settings, free_port, loadavg
 
-from sidecar.diffs import read_verdicts
-from sidecar.local_stack import LocalStack
-from sidecar.mq.message import encode_task
-from sidecar.samples import ragflow_tasks
-from sidecar.settings import Settings
-from sidecar.topics import init_topics
-from sidecar.verdicts import VERDICT_COUNTS_KEY
+from sidecar.config import Settings
+from sidecar.dev.local_stack import LocalStack
+from sidecar.dev.samples import ragflow_tasks
+from sidecar.transport.message import encode_task
+from sidecar.transport.topics import init_topics
+from sidecar.verdicts.model import VERDICT_COUNTS_KEY
+from sidecar.verdicts.reader import read_verdicts
 
 
 def percentile(ordered: list[float], q: float) -> float:

@@ -4,8 +4,8 @@
    aiokafka batch produce -> one XACK), each draining an identical pre-filled stream; they are
    run alternately, three times each, and the best of each is compared. Target: ratio >= 0.8.
    The bare loop runs twice per round: with aiokafka's defaults (the issue's baseline), and with
-   the mirror's own key partitioner (``sidecar.partitioner``, same placement, half the cost), so
-   the second ratio shows the mirror's own per-task overhead with that saving taken out.
+   the mirror's own key partitioner (``sidecar.transport.partitioner``, same placement, half the
+   cost), so the second ratio shows the mirror's own per-task overhead with that saving taken out.
 2. Backlog drain: MIRROR_START=earliest over a stream of --backlog entries (default 1,000,000).
 3. Latency: XADD (entry id time) to Kafka's ack, p50 and p99, with tasks arriving at --rate/s.
 
@@ -30,13 +30,13 @@ import valkey.asyncio as avalkey
 from aiokafka import AIOKafkaProducer
 from bench_common import bench_stack, loadavg
 
-from sidecar.local_stack import LocalStack
-from sidecar.mirror import Mirror
-from sidecar.mq.message import encode_task
-from sidecar.partitioner import KeyPartitioner
-from sidecar.roundtrip import sample_parse_task
-from sidecar.settings import Settings
-from sidecar.topics import PARSE_TOPIC, init_topics
+from sidecar.cli.roundtrip import sample_parse_task
+from sidecar.config import Settings
+from sidecar.dev.local_stack import LocalStack
+from sidecar.mirror.mirror import Mirror
+from sidecar.transport.message import encode_task
+from sidecar.transport.partitioner import KeyPartitioner
+from sidecar.transport.topics import PARSE_TOPIC, init_topics
 
 BATCH = 500
 

@@ -2,8 +2,8 @@
 
 On a local stack of its own (real Valkey and Kafka on free ports), the bench starts the real
 sidecar as a subprocess (``ragflow-sidecar mirror``, ``run``, or both in turn), and a writer
-that XADDs RAGFlow-shaped tasks (``sidecar.samples.ragflow_tasks``) at a steady ``--rate``. After
-``--warmup-s`` the Kafka broker is stopped for ``--outage-s`` while the writer goes on, then
+that XADDs RAGFlow-shaped tasks (``sidecar.dev.samples.ragflow_tasks``) at a steady ``--rate``.
+After ``--warmup-s`` the Kafka broker is stopped for ``--outage-s`` while the writer goes on, then
 started again; the writer stops ``--recovery-s`` after Kafka is back, and the bench waits until
 the mirror's group has read and acked everything. The sidecar's VmRSS is read from
 /proc/<pid>/status every second.
@@ -41,11 +41,11 @@ import valkey
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from bench_common import bench_stack, environment_without_sidecar_settings, loadavg
 
-from sidecar.local_stack import LocalStack
-from sidecar.mq.message import encode_task
-from sidecar.samples import ragflow_tasks
-from sidecar.settings import Settings
-from sidecar.topics import DLQ_TOPIC, TASK_TOPICS, TOPIC_PLAN, init_topics
+from sidecar.config import Settings
+from sidecar.dev.local_stack import LocalStack
+from sidecar.dev.samples import ragflow_tasks
+from sidecar.transport.message import encode_task
+from sidecar.transport.topics import DLQ_TOPIC, TASK_TOPICS, TOPIC_PLAN, init_topics
 
 BATCH = 500
 GROUP = "bench_outage_mirror"
@@ -325,7 +325,7 @@ def outage_run(stack: LocalStack, command: str, args: argparse.Namespace, root: 
         exit_code = stop_sidecar(process)
         text = log.read_text(errors="replace")
         # Records that expire in a long outage make the broker refuse the old producer's
-        # sequence numbers; the mirror then takes a new producer (sidecar/mirror.py).
+        # sequence numbers; the mirror then takes a new producer (sidecar/mirror/mirror.py).
         print(f"[{command}] producer replaced {text.count('a new producer')} times, "
               f"in-process restarts {text.count('starting again in')}", flush=True)  # fmt: skip
     except RuntimeError:

@@ -25,11 +25,11 @@ from pathlib import Path
 from bench_common import bench_stack, fill, loadavg
 from pyinstrument import Profiler
 
-from sidecar.local_stack import LocalStack
-from sidecar.mirror import Mirror
-from sidecar.service import Sidecar
-from sidecar.settings import Settings
-from sidecar.topics import init_topics
+from sidecar.app.service import Sidecar
+from sidecar.config import Settings
+from sidecar.dev.local_stack import LocalStack
+from sidecar.mirror.mirror import Mirror
+from sidecar.transport.topics import init_topics
 
 
 def settings_for(stack: LocalStack, stream: str) -> Settings:

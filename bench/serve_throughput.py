@@ -43,9 +43,9 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from bench_common import bench_stack, loadavg
 
 import ragflow_mq
-from sidecar.local_stack import LocalStack
-from sidecar.routing import DEFAULT_ROUTES, PRIORITY_PARSE
-from sidecar.settings import Settings
+from sidecar.config import Settings
+from sidecar.config.routing import DEFAULT_ROUTES, PRIORITY_PARSE
+from sidecar.dev.local_stack import LocalStack
 
 STANDIN = Path(__file__).resolve().parents[1] / "tests" / "ragflow_standin"
 GROUP = "rag_flow_svr_task_broker"  # RAGFlow's SVR_CONSUMER_GROUP_NAME

@@ -28,11 +28,11 @@ import grpc
 from bench_common import bench_stack, fill, loadavg
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from sidecar.local_stack import LocalStack
-from sidecar.mirror import Mirror
-from sidecar.service import Sidecar
-from sidecar.settings import Settings
-from sidecar.topics import init_topics
+from sidecar.app.service import Sidecar
+from sidecar.config import Settings
+from sidecar.dev.local_stack import LocalStack
+from sidecar.mirror.mirror import Mirror
+from sidecar.transport.topics import init_topics
 
 TARGET = 0.9
 MODES: dict[str, dict[str, str]] = {

@@ -1,15 +1,15 @@
 """The seed design's MQ layer, as RAGFlow loads it: ``install()`` moves a share of RAGFlow's
 own task execution from Redis Streams to Kafka, by ``MQ_BACKEND`` and ``KAFKA_SERVE_PERCENT``.
 
-The message model and the producer/consumer interfaces are the sidecar's (``sidecar.mq``):
+The message model and the producer/consumer interfaces are the sidecar's (``sidecar.transport``):
 one Kafka client for both, not two.
 """
 
 from ragflow_mq.contract import QUEUE_HEADER, SERVED_HEADER, Keys
 from ragflow_mq.factory import create_consumer, create_producer
 from ragflow_mq.install import install, uninstall
-from sidecar.mq.base import MessageQueueConsumer, MessageQueueProducer, OutgoingMessage
-from sidecar.mq.message import QueueMessage
+from sidecar.transport.base import MessageQueueConsumer, MessageQueueProducer, OutgoingMessage
+from sidecar.transport.message import QueueMessage
 
 __all__ = [
     "QUEUE_HEADER",

@@ -23,12 +23,12 @@ from typing import Any
 
 from ragflow_mq.contract import ATTEMPTS_TTL_S, QUEUE_HEADER, SERVED_HEADER, Keys
 from ragflow_mq.evidence import Recorder
-from sidecar.dead_letter import dead_letter
+from sidecar.config import Settings
+from sidecar.config.routing import RouteTable
 from sidecar.errors import MessageDecodeError, SidecarError
-from sidecar.mq.kafka import KafkaConsumer, KafkaProducer
-from sidecar.mq.message import QueueMessage, decode_task
-from sidecar.routing import RouteTable
-from sidecar.settings import Settings
+from sidecar.transport.dead_letter import dead_letter
+from sidecar.transport.kafka import KafkaConsumer, KafkaProducer
+from sidecar.transport.message import QueueMessage, decode_task
 
 logger = logging.getLogger(__name__)
 

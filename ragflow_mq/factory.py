@@ -12,16 +12,21 @@ from typing import Any
 
 from ragflow_mq.cap import effective_percent
 from ragflow_mq.producer import served_headers
+from sidecar.config import Settings
+from sidecar.config.routing import RouteTable
+from sidecar.config.traffic import in_traffic_share
 from sidecar.errors import SidecarError
-from sidecar.mq.base import MessageQueueConsumer, MessageQueueProducer, OutgoingMessage, SendResult
-from sidecar.mq.factory import create_consumer as _create_consumer
-from sidecar.mq.factory import create_producer as _create_producer
-from sidecar.mq.kafka import KafkaProducer
-from sidecar.mq.message import decode_task
-from sidecar.mq.redis_streams import RedisStreamProducer
-from sidecar.routing import RouteTable
-from sidecar.settings import Settings
-from sidecar.traffic import in_traffic_share
+from sidecar.transport.base import (
+    MessageQueueConsumer,
+    MessageQueueProducer,
+    OutgoingMessage,
+    SendResult,
+)
+from sidecar.transport.factory import create_consumer as _create_consumer
+from sidecar.transport.factory import create_producer as _create_producer
+from sidecar.transport.kafka import KafkaProducer
+from sidecar.transport.message import decode_task
+from sidecar.transport.redis_streams import RedisStreamProducer
 
 
 class SplitProducer(MessageQueueProducer):
@@ -79,7 +84,7 @@ def create_producer(settings: Settings) -> MessageQueueProducer:
     """A producer for ``settings.mq_backend``."""
     if settings.mq_backend == "split":
         return SplitProducer(settings)
-    return _create_producer(settings)
+    return _create_producer(settings.mq_backend, redis=settings.redis, kafka=settings.kafka)
 
 
 def create_consumer(
@@ -89,4 +94,11 @@ def create_consumer(
     ``install()``)."""
     if settings.mq_backend == "split":
         raise ValueError("MQ_BACKEND=split is consumed through ragflow_mq.install()")
-    return _create_consumer(settings, sources, group=group, consumer_name=consumer_name)
+    return _create_consumer(
+        settings.mq_backend,
+        sources,
+        redis=settings.redis,
+        kafka=settings.kafka,
+        group=group,
+        consumer_name=consumer_name,
+    )

@@ -20,7 +20,7 @@ from types import ModuleType
 from typing import Any
 
 from ragflow_mq.runtime import PATCHED, Runtime
-from sidecar.settings import Settings
+from sidecar.config import Settings
 
 logger = logging.getLogger(__name__)
 

@@ -19,13 +19,13 @@ from typing import Any
 from ragflow_mq.contract import QUEUE_HEADER, SERVED_HEADER, SERVED_SOURCE
 from ragflow_mq.evidence import Recorder
 from ragflow_mq.loop import BackgroundLoop
+from sidecar.config import Settings
+from sidecar.config.routing import Route, RouteTable
+from sidecar.config.traffic import in_traffic_share
 from sidecar.errors import SidecarError
-from sidecar.mq.base import OutgoingMessage
-from sidecar.mq.kafka import KafkaProducer
-from sidecar.mq.message import encode_task
-from sidecar.routing import Route, RouteTable
-from sidecar.settings import Settings
-from sidecar.traffic import in_traffic_share
+from sidecar.transport.base import OutgoingMessage
+from sidecar.transport.kafka import KafkaProducer
+from sidecar.transport.message import encode_task
 
 logger = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from ragflow_mq.evidence import Recorder, write
 from ragflow_mq.failures import watch_failures
 from ragflow_mq.loop import BackgroundLoop
 from ragflow_mq.producer import ServeProducer
-from sidecar.routing import RouteTable
-from sidecar.settings import Settings
+from sidecar.config import Settings
+from sidecar.config.routing import RouteTable
 
 logger = logging.getLogger(__name__)
 

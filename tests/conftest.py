@@ -17,9 +17,9 @@ import pytest
 import valkey.asyncio as avalkey
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from sidecar.config import Settings
+from sidecar.dev.local_stack import LocalKafka, LocalStack, StackConfig
 from sidecar.errors import LocalStackError
-from sidecar.local_stack import LocalKafka, LocalStack, StackConfig
-from sidecar.settings import Settings
 
 _STACK = pytest.StashKey[LocalStack]()
 

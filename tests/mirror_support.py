@@ -11,11 +11,11 @@ from typing import Any
 
 import valkey.asyncio as avalkey
 
-from sidecar.mirror import Mirror
-from sidecar.mq import KafkaConsumer
-from sidecar.samples import ragflow_tasks
-from sidecar.settings import Settings
-from sidecar.topics import TOPIC_PLAN
+from sidecar.config import Settings
+from sidecar.dev.samples import ragflow_tasks
+from sidecar.mirror.mirror import Mirror
+from sidecar.transport import KafkaConsumer
+from sidecar.transport.topics import TOPIC_PLAN
 
 __all__ = [
     "RAGFLOW_GROUP",

@@ -30,7 +30,7 @@ from typing import Any, Self
 
 import valkey.asyncio as avalkey
 
-from sidecar.local_stack import LocalStack
+from sidecar.dev.local_stack import LocalStack
 
 __all__ = [
     "SITECUSTOMIZE_DIR",

@@ -13,9 +13,9 @@ from typing import Any
 import valkey.asyncio as avalkey
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from sidecar.local_stack import LocalStack
-from sidecar.routing import DEFAULT_ROUTES, PRIORITY_PARSE
-from sidecar.settings import Settings
+from sidecar.config import Settings
+from sidecar.config.routing import DEFAULT_ROUTES, PRIORITY_PARSE
+from sidecar.dev.local_stack import LocalStack
 from tests.faults.support import SidecarProcess, sidecar_env
 from tests.ragflow_support import StandinProcess, executions, standin_env, wait_until
 

@@ -7,7 +7,7 @@ import time
 import uuid
 from typing import Any
 
-from sidecar.handlers import TaskMeta, ragflow_dry_run
+from sidecar.shadow.handlers import TaskMeta, ragflow_dry_run
 
 EXPLODE_MARKER = "explode"
 

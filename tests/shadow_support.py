@@ -9,12 +9,12 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from sidecar.mirror import RecordTransform
-from sidecar.mq import KafkaConsumer
-from sidecar.service import Sidecar
-from sidecar.settings import Settings
-from sidecar.topics import VERDICTS_TOPIC
-from sidecar.verdicts import parse_verdict
+from sidecar.app.service import Sidecar
+from sidecar.config import Settings
+from sidecar.mirror.mirror import RecordTransform
+from sidecar.transport import KafkaConsumer
+from sidecar.transport.topics import VERDICTS_TOPIC
+from sidecar.verdicts.model import parse_verdict
 
 
 def sidecar_settings(base: Settings, streams: list[str], unique: str, **extra: str) -> Settings:

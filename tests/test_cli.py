@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.local_stack import LocalStack
+from sidecar.dev.local_stack import LocalStack
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

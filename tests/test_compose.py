@@ -29,9 +29,9 @@ from typing import Any
 import pytest
 import yaml
 
-from sidecar import settings as sidecar_settings
-from sidecar.settings import Settings
-from sidecar.settings_serve import SERVE_VARIABLES
+import sidecar.config as sidecar_settings
+from sidecar.config import Settings
+from sidecar.config.serve import SERVE_VARIABLES
 
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE_DIR = REPO / "compose"
@@ -621,18 +621,33 @@ def test_the_dockerfiles_install_step_works_on_what_it_copies(tmp_path: Path) ->
     )  # fmt: skip
     assert install.returncode == 0, install.stderr
     entry_points = next(target.glob("ragflow_kafka_sidecar-*.dist-info")) / "entry_points.txt"
-    assert "ragflow-sidecar = sidecar.cli:main" in entry_points.read_text()
+    assert "ragflow-sidecar = sidecar.cli.main:main" in entry_points.read_text()
     assert (target / "sidecar" / "py.typed").is_file()
-    assert list((target / "sidecar" / "local_stack").glob("*.xml"))
+    # Development tooling stays out of the runtime wheel (issue 11).
+    assert not (target / "sidecar" / "dev").exists()
     # The installed copy (dependencies from this virtualenv) starts and answers.
     version = subprocess.run(
-        [sys.executable, "-c", "import sys; from sidecar.cli import main; sys.exit(main())",
+        [sys.executable, "-c", "import sys; from sidecar.cli.main import main; sys.exit(main())",
          "--version"],
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(target)},
         cwd=tmp_path, timeout=60, check=False,
     )  # fmt: skip
     assert version.returncode == 0, version.stderr
     assert version.stdout.startswith("ragflow-sidecar "), version.stdout
+    # `demo` and `local-stack` say plainly that they need a checkout. This virtualenv's
+    # editable install would find the checkout's sidecar.dev; a wheel alone has no such finder.
+    wheel_only = (
+        "import sys; sys.meta_path[:] = [f for f in sys.meta_path if 'Editable' not in repr(f)]; "
+        "from sidecar.cli.main import main; sys.exit(main())"
+    )
+    for command in (["demo"], ["local-stack", "up"]):
+        bare = subprocess.run(
+            [sys.executable, "-c", wheel_only, *command],
+            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(target)},
+            cwd=tmp_path, timeout=60, check=False,
+        )  # fmt: skip
+        assert bare.returncode == 2, bare.stderr
+        assert "from a checkout" in bare.stderr and "sidecar.dev" in bare.stderr, bare.stderr
     assert str(target) in subprocess.run(
         [sys.executable, "-c", "import sidecar; print(sidecar.__file__)"],
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(target)},

@@ -18,11 +18,11 @@ import valkey.asyncio as avalkey
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from sidecar.diffs import VerdictReadStats, parse_since, read_verdicts, render_diff, render_diffs
+from sidecar.cli.diffs import render_diff, render_diffs
+from sidecar.cli.status import RAGFLOW_GROUP, collect_status, render_status
+from sidecar.config import Settings
 from sidecar.errors import ConfigError, MessageQueueError, ServiceUnavailableError
-from sidecar.settings import Settings
-from sidecar.status import RAGFLOW_GROUP, collect_status, render_status
-from sidecar.topics import (
+from sidecar.transport.topics import (
     DLQ_TOPIC,
     PARSE_TOPIC,
     TASK_TOPICS,
@@ -30,7 +30,8 @@ from sidecar.topics import (
     VERDICTS_TOPIC,
     init_topics,
 )
-from sidecar.verdicts import VERDICT_COUNTS_KEY, VerdictRecord
+from sidecar.verdicts.model import VERDICT_COUNTS_KEY, VerdictRecord
+from sidecar.verdicts.reader import VerdictReadStats, parse_since, read_verdicts
 from tests.conftest import free_port
 from tests.mirror_support import group_state
 

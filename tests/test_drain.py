@@ -23,15 +23,15 @@ from aiokafka import AIOKafkaProducer
 
 from ragflow_mq.contract import Keys
 from ragflow_mq.producer import served_headers
-from sidecar.drain import DRAIN_SCRIPT, DrainRefused, drain_to_redis
-from sidecar.mq import KafkaConsumer, KafkaProducer
-from sidecar.mq.base import OutgoingMessage, SendResult
-from sidecar.reconcile import reconcile, render_report
-from sidecar.routing import DEFAULT_ROUTES, PRIORITY_PARSE, RouteTable
-from sidecar.samples import ragflow_tasks
-from sidecar.settings import Settings
-from sidecar.topic_reader import read_topics
-from sidecar.topics import DLQ_TOPIC, init_topics
+from sidecar.cli.reconcile import reconcile, render_report
+from sidecar.config import Settings
+from sidecar.config.routing import DEFAULT_ROUTES, PRIORITY_PARSE, RouteTable
+from sidecar.dev.samples import ragflow_tasks
+from sidecar.serve.drain import DRAIN_SCRIPT, DrainRefused, drain_to_redis
+from sidecar.transport import KafkaConsumer, KafkaProducer
+from sidecar.transport.base import OutgoingMessage, SendResult
+from sidecar.transport.topic_reader import read_topics
+from sidecar.transport.topics import DLQ_TOPIC, init_topics
 
 MakeTopic = Callable[[int], Awaitable[str]]
 

@@ -23,12 +23,12 @@ import valkey
 
 from ragflow_mq.contract import Keys
 from ragflow_mq.evidence import Recorder, write
-from sidecar.cli import main
-from sidecar.local_stack import LocalStack
-from sidecar.mq import KafkaProducer
-from sidecar.settings import Settings
-from sidecar.topics import VERDICTS_TOPIC, init_topics
-from sidecar.verdicts import Verdict, VerdictRecord
+from sidecar.cli.main import main
+from sidecar.config import Settings
+from sidecar.dev.local_stack import LocalStack
+from sidecar.transport import KafkaProducer
+from sidecar.transport.topics import VERDICTS_TOPIC, init_topics
+from sidecar.verdicts.model import Verdict, VerdictRecord
 from tests.conftest import free_port
 
 MIN_SAMPLE = 50

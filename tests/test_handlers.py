@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
+from sidecar.dev.samples import ragflow_tasks
 from sidecar.errors import ConfigError
-from sidecar.handlers import (
+from sidecar.shadow.handlers import (
     NamedHandler,
     TaskMeta,
     load_handler,
@@ -22,7 +23,6 @@ from sidecar.handlers import (
     ragflow_dry_run,
     run_handler,
 )
-from sidecar.samples import ragflow_tasks
 
 REDIS_META = TaskMeta(
     path="redis",

@@ -32,17 +32,16 @@ from aiokafka.admin import AIOKafkaAdminClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sidecar.dead_letter import dead_letter
+from sidecar.app.service import Sidecar
+from sidecar.cli.reconcile import reconcile
+from sidecar.config import Settings
+from sidecar.config.routing import RouteTable
 from sidecar.errors import MessageDecodeError
-from sidecar.join import EntryRef
-from sidecar.mirror import MAX_REQUEST_BYTES, Mirror
-from sidecar.mq import KafkaConsumer
-from sidecar.mq.message import decode_task
-from sidecar.reconcile import reconcile
-from sidecar.routing import RouteTable
-from sidecar.service import Sidecar
-from sidecar.settings import Settings
-from sidecar.topics import (
+from sidecar.mirror.mirror import MAX_REQUEST_BYTES, Mirror
+from sidecar.transport import KafkaConsumer
+from sidecar.transport.dead_letter import dead_letter
+from sidecar.transport.message import decode_task
+from sidecar.transport.topics import (
     DLQ_TOPIC,
     PARSE_PRIORITY_TOPIC,
     PARSE_TOPIC,
@@ -50,7 +49,8 @@ from sidecar.topics import (
     VERDICTS_TOPIC,
     init_topics,
 )
-from sidecar.verdicts import parse_verdict
+from sidecar.verdicts.join import EntryRef
+from sidecar.verdicts.model import parse_verdict
 from tests.shadow_support import sidecar_settings
 
 MESSAGE = b"message"

@@ -9,10 +9,10 @@ import pytest
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
+from sidecar.config import Settings
 from sidecar.errors import MessageQueueError, MessageTooLargeError, ServiceUnavailableError
-from sidecar.mq import KafkaConsumer, KafkaProducer, OutgoingMessage
-from sidecar.mq.message import QueueMessage
-from sidecar.settings import Settings
+from sidecar.transport import KafkaConsumer, KafkaProducer, OutgoingMessage
+from sidecar.transport.message import QueueMessage
 
 MakeTopic = Callable[[int], Awaitable[str]]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import valkey.asyncio as avalkey
 
-from sidecar.lag import stream_lag
+from sidecar.transport.lag import stream_lag
 
 
 async def test_lag_from_xinfo_and_the_fallback_when_it_is_nil(

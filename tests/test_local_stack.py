@@ -9,7 +9,7 @@ from pathlib import Path
 
 import valkey
 
-from sidecar.local_stack import LocalStack, LocalValkey
+from sidecar.dev.local_stack import LocalStack, LocalValkey
 from tests.conftest import free_port
 
 

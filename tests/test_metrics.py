@@ -10,10 +10,10 @@ from urllib.error import HTTPError
 
 import valkey.asyncio as avalkey
 
-from sidecar.health import Health, HealthServer
-from sidecar.metrics import SidecarMetrics
-from sidecar.settings import Settings
-from sidecar.topics import init_topics
+from sidecar.config import Settings
+from sidecar.telemetry.health import Health, HealthServer
+from sidecar.telemetry.metrics import SidecarMetrics
+from sidecar.transport.topics import init_topics
 from tests.mirror_support import RAGFLOW_GROUP, ragflow_tasks, ragflow_worker
 from tests.shadow_support import read_verdicts, running_sidecar, sidecar_settings
 from tests.test_shadow import enqueue

@@ -7,13 +7,13 @@ import json
 
 import valkey.asyncio as avalkey
 
+from sidecar.config import Settings
+from sidecar.config.routing import RouteTable
+from sidecar.config.traffic import in_traffic_share
 from sidecar.errors import ConfigError
-from sidecar.mirror import Mirror
-from sidecar.mq import RedisStreamConsumer
-from sidecar.routing import RouteTable
-from sidecar.settings import Settings
-from sidecar.topics import init_topics
-from sidecar.traffic import in_traffic_share
+from sidecar.mirror.mirror import Mirror
+from sidecar.transport import RedisStreamConsumer
+from sidecar.transport.topics import init_topics
 from tests.mirror_support import (
     RAGFLOW_GROUP,
     group_state,

@@ -15,8 +15,8 @@ import pytest
 import valkey.asyncio as avalkey
 from valkey import exceptions as valkey_errors
 
-from sidecar.observer import COMMANDS_USED, PrimaryDelivery, PrimaryObserver
-from sidecar.settings import Secret, Settings
+from sidecar.config import Secret, Settings
+from sidecar.observer.observer import COMMANDS_USED, PrimaryDelivery, PrimaryObserver
 from tests.mirror_support import RAGFLOW_GROUP, group_state, ragflow_tasks
 
 CONSUMER = "task_executor_x_0"
@@ -323,7 +323,7 @@ async def test_missing_streams_and_groups_are_skipped_quietly_then_picked_up(
     await valkey_client.xgroup_create(other_group, "someone_else", id="0")
     await valkey_client.xreadgroup("someone_else", "c", {other_group: ">"}, count=2)
 
-    caplog.set_level(logging.INFO, logger="sidecar.observer")
+    caplog.set_level(logging.INFO, logger="sidecar.observer.observer")
     observer = await observers([missing, no_group, other_group])
     for _ in range(3):
         assert await observer.poll_once() == []
@@ -356,7 +356,7 @@ async def test_a_vanished_or_reset_group_drops_what_it_tracked_without_reporting
     await observer.poll_once()
     assert len(observer.pending()) == 1
 
-    caplog.set_level(logging.INFO, logger="sidecar.observer")
+    caplog.set_level(logging.INFO, logger="sidecar.observer.observer")
     await valkey_client.xgroup_destroy(unique, RAGFLOW_GROUP)
     assert await observer.poll_once() == []
     assert observer.pending() == []
@@ -477,7 +477,7 @@ async def test_run_reports_through_on_delivery_survives_a_blip_and_stops_promptl
         return await original(*args, **kwargs)
 
     monkeypatch.setattr(client, "xinfo_groups", flaky_xinfo_groups)
-    caplog.set_level(logging.DEBUG, logger="sidecar.observer")
+    caplog.set_level(logging.DEBUG, logger="sidecar.observer.observer")
     observer = PrimaryObserver(
         settings.redis, [unique], interval_ms=10, on_delivery=on_delivery, client=client
     )
@@ -489,7 +489,7 @@ async def test_run_reports_through_on_delivery_survives_a_blip_and_stops_promptl
             running = asyncio.create_task(observer.run(stop))
             await asyncio.wait_for(all_in.wait(), 10)
             assert sorted(ids_of(got)) == ids
-            mine = [r for r in caplog.records if r.name == "sidecar.observer"]
+            mine = [r for r in caplog.records if r.name == "sidecar.observer.observer"]
             warnings = [r for r in mine if r.levelno == logging.WARNING]
             assert len(warnings) == 1 and "failed" in warnings[0].getMessage()
             assert any("still fails" in r.getMessage() for r in mine)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from sidecar.mq.offsets import PartitionOffsets
-from sidecar.mq.redelivery import DelayedRedeliveries
+from sidecar.transport.offsets import PartitionOffsets
+from sidecar.transport.redelivery import DelayedRedeliveries
 
 
 def test_out_of_order_completion_commits_only_the_contiguous_prefix() -> None:

@@ -15,10 +15,10 @@ from typing import Any
 
 import valkey.asyncio as avalkey
 
-from sidecar.mq.base import OutgoingMessage
-from sidecar.mq.message import QueueMessage
-from sidecar.settings import Settings
-from sidecar.topics import init_topics
+from sidecar.config import Settings
+from sidecar.transport.base import OutgoingMessage
+from sidecar.transport.message import QueueMessage
+from sidecar.transport.topics import init_topics
 from tests.mirror_support import RAGFLOW_GROUP, ragflow_worker
 from tests.shadow_support import read_verdicts, running_sidecar, sidecar_settings
 from tests.test_shadow import enqueue, finals

@@ -7,7 +7,7 @@ import random
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.partitioner import murmur2 as aiokafka_murmur2
 
-from sidecar.partitioner import KeyPartitioner, murmur2
+from sidecar.transport.partitioner import KeyPartitioner, murmur2
 
 
 def test_murmur2_matches_aiokafka_for_every_length_and_random_bytes() -> None:

@@ -25,13 +25,13 @@ from typing import Any
 import pytest
 import valkey.asyncio as avalkey
 
-from sidecar.faults import Fault, FaultInjector
-from sidecar.mq import KafkaProducer
-from sidecar.mq.message import QueueMessage, encode_task
-from sidecar.routing import RouteTable
-from sidecar.settings import Settings
-from sidecar.topics import PARSE_TOPIC, init_topics
-from sidecar.traffic import in_traffic_share
+from sidecar.config import Settings
+from sidecar.config.routing import RouteTable
+from sidecar.config.traffic import in_traffic_share
+from sidecar.dev.faults import Fault, FaultInjector
+from sidecar.transport import KafkaProducer
+from sidecar.transport.message import QueueMessage, encode_task
+from sidecar.transport.topics import PARSE_TOPIC, init_topics
 from tests.mirror_support import RAGFLOW_GROUP, ragflow_tasks
 from tests.shadow_handlers import EXPLODE_MARKER
 from tests.shadow_support import read_verdicts, running_sidecar, sidecar_settings

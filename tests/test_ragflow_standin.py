@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import valkey.asyncio as avalkey
 
-from sidecar.local_stack import LocalStack
+from sidecar.dev.local_stack import LocalStack
 from tests.ragflow_support import (
     STANDIN_ROOT,
     StandinProcess,

@@ -9,14 +9,14 @@ import sys
 
 import valkey.asyncio as avalkey
 
-from sidecar.mirror import Mirror
-from sidecar.mq import KafkaProducer
-from sidecar.mq.base import OutgoingMessage
-from sidecar.reconcile import reconcile, render_report
-from sidecar.routing import RouteTable
-from sidecar.settings import Settings
-from sidecar.topics import PARSE_TOPIC, init_topics
-from sidecar.traffic import in_traffic_share
+from sidecar.cli.reconcile import reconcile, render_report
+from sidecar.config import Settings
+from sidecar.config.routing import RouteTable
+from sidecar.config.traffic import in_traffic_share
+from sidecar.mirror.mirror import Mirror
+from sidecar.transport import KafkaProducer
+from sidecar.transport.base import OutgoingMessage
+from sidecar.transport.topics import PARSE_TOPIC, init_topics
 from tests.mirror_support import mirror_settings, mirror_until, ragflow_tasks
 
 BROKEN = [

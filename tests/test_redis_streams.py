@@ -9,10 +9,10 @@ import time
 import pytest
 import valkey.asyncio as avalkey
 
+from sidecar.config import Settings
 from sidecar.errors import MessageDecodeError
-from sidecar.mq import RedisStreamConsumer, RedisStreamProducer
-from sidecar.mq.message import QueueMessage
-from sidecar.settings import Settings
+from sidecar.transport import RedisStreamConsumer, RedisStreamProducer
+from sidecar.transport.message import QueueMessage
 
 UGLY_TASK = {
     "id": "a3f1c2d4e5f60718293a4b5c6d7e8f90",
@@ -166,7 +166,7 @@ async def test_missing_stream_is_quiet_and_picked_up_once_created(
     unique: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="sidecar.mq.redis_streams")
+    caplog.set_level(logging.INFO, logger="sidecar.transport.redis_streams")
     consumer = await consumer_for(settings, [unique], f"{unique}-g", missing_stream_recheck_s=0.05)
     try:
         for _ in range(5):

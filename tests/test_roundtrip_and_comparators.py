@@ -5,17 +5,18 @@ from __future__ import annotations
 import pytest
 
 from comparators import canonical_json, outcome_digest
-from sidecar.mq import KafkaProducer, RedisStreamProducer, create_consumer, create_producer
-from sidecar.roundtrip import round_trip
-from sidecar.settings import Settings
-from sidecar.topics import init_topics
+from sidecar.cli.roundtrip import round_trip
+from sidecar.config import Settings
+from sidecar.transport import KafkaProducer, RedisStreamProducer, create_consumer, create_producer
+from sidecar.transport.topics import init_topics
 
 
 async def test_factory_chooses_the_backend(settings: Settings) -> None:
-    assert isinstance(create_producer(settings), RedisStreamProducer)  # MQ_BACKEND default
-    assert isinstance(create_producer(settings, "kafka"), KafkaProducer)
+    parts = {"redis": settings.redis, "kafka": settings.kafka}
+    assert isinstance(create_producer(settings.mq_backend, **parts), RedisStreamProducer)  # default
+    assert isinstance(create_producer("kafka", **parts), KafkaProducer)
     with pytest.raises(ValueError, match="must be named"):
-        create_consumer(settings, ["s"], consumer_name="c")
+        create_consumer(settings.mq_backend, ["s"], consumer_name="c", **parts)
 
 
 @pytest.mark.parametrize("backend", ["redis", "kafka"])

@@ -6,8 +6,8 @@ import uuid
 
 import pytest
 
-from sidecar.routing import RouteTable
-from sidecar.traffic import in_traffic_share, traffic_bucket
+from sidecar.config.routing import RouteTable
+from sidecar.config.traffic import in_traffic_share, traffic_bucket
 
 TABLE = RouteTable()
 

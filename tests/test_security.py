@@ -25,15 +25,15 @@ import pytest
 import valkey.asyncio as avalkey
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
+from sidecar.config import Settings
+from sidecar.dev.local_stack import LocalKafka
+from sidecar.dev.local_stack.tls import make_tls_files
 from sidecar.errors import AuthenticationError
-from sidecar.join import Arrival, EntryRef
-from sidecar.judge import Judge
-from sidecar.lag import stream_lag
-from sidecar.local_stack import LocalKafka
-from sidecar.local_stack.tls import make_tls_files
-from sidecar.mq.message import encode_task
-from sidecar.settings import Settings
-from sidecar.topics import init_topics
+from sidecar.transport.lag import stream_lag
+from sidecar.transport.message import encode_task
+from sidecar.transport.topics import init_topics
+from sidecar.verdicts.join import Arrival, EntryRef
+from sidecar.verdicts.judge import Judge
 from tests.conftest import free_port
 from tests.mirror_support import RAGFLOW_GROUP, ragflow_tasks, ragflow_worker, read_mirrored
 from tests.shadow_support import read_verdicts, running_sidecar, sidecar_settings

@@ -12,13 +12,13 @@ from typing import Any
 import valkey.asyncio as avalkey
 
 from ragflow_mq.contract import QUEUE_HEADER, SERVED_HEADER, Keys
-from sidecar.drain import drain_to_redis
-from sidecar.local_stack import LocalStack
-from sidecar.mq.kafka import KafkaProducer
-from sidecar.mq.message import encode_task
-from sidecar.reconcile import reconcile
-from sidecar.topic_reader import read_topics
-from sidecar.topics import DLQ_TOPIC, init_topics
+from sidecar.cli.reconcile import reconcile
+from sidecar.dev.local_stack import LocalStack
+from sidecar.serve.drain import drain_to_redis
+from sidecar.transport.kafka import KafkaProducer
+from sidecar.transport.message import encode_task
+from sidecar.transport.topic_reader import read_topics
+from sidecar.transport.topics import DLQ_TOPIC, init_topics
 from tests.ragflow_support import assert_exactly_once, pending_count, read_produced, wait_until
 from tests.serve_support import ServeWorld, by_path, make_world
 

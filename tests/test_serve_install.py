@@ -17,8 +17,8 @@ import pytest
 import valkey
 
 import ragflow_mq
-from sidecar.local_stack import LocalStack
-from sidecar.settings import Settings
+from sidecar.config import Settings
+from sidecar.dev.local_stack import LocalStack
 from tests.conftest import free_port
 from tests.ragflow_support import STANDIN_ROOT, StandinProcess, standin_env
 from tests.serve_support import make_world

@@ -11,10 +11,10 @@ from prometheus_client import generate_latest
 
 from ragflow_mq.contract import EVENTS, PATHS, Keys
 from ragflow_mq.evidence import Recorder, write
-from sidecar.local_stack import LocalStack
-from sidecar.metrics import SidecarMetrics
-from sidecar.served_metrics import ServedEvidencePoller, register_served_metrics
-from sidecar.settings import Settings
+from sidecar.config import Settings
+from sidecar.dev.local_stack import LocalStack
+from sidecar.serve.served_metrics import ServedEvidencePoller, register_served_metrics
+from sidecar.telemetry.metrics import SidecarMetrics
 from tests.conftest import free_port
 from tests.test_metrics import sample
 

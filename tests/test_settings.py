@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.config import Secret, Settings, expand_variables
 from sidecar.errors import ConfigError
-from sidecar.settings import Secret, Settings, expand_variables
 
 
 def test_defaults_follow_the_seed_design() -> None:

@@ -11,12 +11,12 @@ from typing import Any
 import valkey.asyncio as avalkey
 
 from ragflow_mq.producer import served_headers
-from sidecar.faults import Fault, FaultInjector
-from sidecar.mq import KafkaProducer
-from sidecar.mq.message import QueueMessage, encode_task
-from sidecar.routing import RouteTable
-from sidecar.settings import Settings
-from sidecar.topics import DLQ_TOPIC, PARSE_TOPIC, init_topics
+from sidecar.config import Settings
+from sidecar.config.routing import RouteTable
+from sidecar.dev.faults import Fault, FaultInjector
+from sidecar.transport import KafkaProducer
+from sidecar.transport.message import QueueMessage, encode_task
+from sidecar.transport.topics import DLQ_TOPIC, PARSE_TOPIC, init_topics
 from tests.mirror_support import (
     RAGFLOW_GROUP,
     group_state,

@@ -9,8 +9,8 @@ import signal
 
 import pytest
 
+from sidecar.app.supervisor import run_until_signal
 from sidecar.errors import AuthenticationError, ServiceUnavailableError, SidecarError
-from sidecar.supervisor import run_until_signal
 
 
 class Component:

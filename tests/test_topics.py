@@ -7,9 +7,9 @@ import uuid
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
+from sidecar.config import Settings
 from sidecar.errors import MessageQueueError
-from sidecar.settings import Settings
-from sidecar.topics import TOPIC_PLAN, init_topics
+from sidecar.transport.topics import TOPIC_PLAN, init_topics
 
 
 async def partitions_of(settings: Settings, names: list[str]) -> dict[str, int]:

@@ -26,13 +26,10 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, Decision
 from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from sidecar import tracing as tracing_module
+from sidecar.config import Settings
 from sidecar.errors import ConfigError
-from sidecar.mq.base import OutgoingMessage
-from sidecar.mq.message import QueueMessage, encode_task
-from sidecar.settings import Settings
-from sidecar.topics import init_topics
-from sidecar.tracing import (
+from sidecar.telemetry import tracing as tracing_module
+from sidecar.telemetry.tracing import (
     KAFKA_HEADERS_GETTER,
     KAFKA_HEADERS_SETTER,
     REDACTED,
@@ -42,7 +39,10 @@ from sidecar.tracing import (
     format_traceparent,
     parse_traceparent,
 )
-from sidecar.verdicts import VerdictRecord
+from sidecar.transport.base import OutgoingMessage
+from sidecar.transport.message import QueueMessage, encode_task
+from sidecar.transport.topics import init_topics
+from sidecar.verdicts.model import VerdictRecord
 from tests.mirror_support import ragflow_tasks, read_mirrored
 from tests.shadow_support import read_verdicts, running_sidecar, sidecar_settings
 
@@ -538,7 +538,7 @@ async def test_a_collector_that_is_away_is_logged_once_and_costs_the_caller_noth
         sock.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused
         endpoint = f"http://127.0.0.1:{sock.getsockname()[1]}"
         settings = Settings.from_env({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": endpoint}).tracing
-    caplog.set_level(logging.INFO, logger="sidecar.tracing")
+    caplog.set_level(logging.INFO, logger="sidecar.telemetry.tracing")
     tracing = Tracing(settings)
     await tracing.start()
     assert tracing.enabled
@@ -554,5 +554,7 @@ async def test_a_collector_that_is_away_is_logged_once_and_costs_the_caller_noth
     assert time.perf_counter() - stopping < tracing_module.SHUTDOWN_GRACE_S + 1
     assert not tracing.enabled
     assert spent < 2.0, spent
-    warnings = [r for r in caplog.records if r.name == "sidecar.tracing" and r.levelno >= 30]
+    warnings = [
+        r for r in caplog.records if r.name == "sidecar.telemetry.tracing" and r.levelno >= 30
+    ]
     assert len(warnings) == 1 and "cannot export traces" in warnings[0].getMessage()

@@ -83,10 +83,10 @@ async def run(docs: int, tasks_per_doc: int, root: Path) -> list[StepRow]:
     import valkey.asyncio as avalkey  # noqa: PLC0415
 
     from ragflow_mq.contract import Keys  # noqa: PLC0415
-    from sidecar.gate import collect  # noqa: PLC0415
-    from sidecar.gate_checks import DECISIONS  # noqa: PLC0415
-    from sidecar.local_stack import LocalStack, StackConfig  # noqa: PLC0415
-    from sidecar.topics import init_topics  # noqa: PLC0415
+    from sidecar.dev.local_stack import LocalStack, StackConfig  # noqa: PLC0415
+    from sidecar.serve.gate import collect  # noqa: PLC0415
+    from sidecar.serve.gate_checks import DECISIONS  # noqa: PLC0415
+    from sidecar.transport.topics import init_topics  # noqa: PLC0415
     from tests.ragflow_support import read_produced, wait_until  # noqa: PLC0415
     from tests.serve_support import make_world  # noqa: PLC0415
 

@@ -22,9 +22,9 @@ import valkey.asyncio as avalkey
 from valkey.exceptions import ConnectionError as ValkeyConnectionError
 from valkey.exceptions import TimeoutError as ValkeyTimeoutError
 
-from sidecar.reconcile import StreamReconciliation, reconcile, render_report
-from sidecar.samples import ragflow_tasks
-from sidecar.settings import Settings
+from sidecar.cli.reconcile import StreamReconciliation, reconcile, render_report
+from sidecar.config import Settings
+from sidecar.dev.samples import ragflow_tasks
 from tests.mirror_support import RAGFLOW_GROUP
 from tests.shadow_support import read_verdicts
 

@@ -12,12 +12,12 @@ import pytest
 import valkey.asyncio as avalkey
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from sidecar.config import Settings
+from sidecar.dev.local_stack import LocalKafka
 from sidecar.errors import SidecarError
-from sidecar.local_stack import LocalKafka
-from sidecar.mirror import Mirror
-from sidecar.mq import KafkaConsumer, KafkaProducer, OutgoingMessage
-from sidecar.settings import Settings
-from sidecar.topics import init_topics
+from sidecar.mirror.mirror import Mirror
+from sidecar.transport import KafkaConsumer, KafkaProducer, OutgoingMessage
+from sidecar.transport.topics import init_topics
 from tests.faults.support import (
     FaultRow,
     SidecarProcess,

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import valkey.asyncio as avalkey
 
-from sidecar.lag import stream_lag
-from sidecar.settings import Settings
-from sidecar.topics import init_topics
+from sidecar.config import Settings
+from sidecar.transport.lag import stream_lag
+from sidecar.transport.topics import init_topics
 from tests.faults.support import (
     FaultRow,
     SidecarProcess,

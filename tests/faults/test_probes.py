@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import valkey.asyncio as avalkey
 
-from sidecar.local_stack import LocalKafka
-from sidecar.settings import Settings
-from sidecar.topics import init_topics
+from sidecar.config import Settings
+from sidecar.dev.local_stack import LocalKafka
+from sidecar.transport.topics import init_topics
 from tests.faults.support import SidecarProcess, probe, ready, sidecar_env, wait_until
 from tests.mirror_support import RAGFLOW_GROUP
 from tests.shadow_handlers import RELEASE

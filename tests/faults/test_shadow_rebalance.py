@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import valkey.asyncio as avalkey
 
-from sidecar.settings import Settings
-from sidecar.topics import init_topics
+from sidecar.config import Settings
+from sidecar.transport.topics import init_topics
 from tests.conftest import free_port
 from tests.faults.support import (
     FaultRow,

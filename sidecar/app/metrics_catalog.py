@@ -1,0 +1,131 @@
+"""Every metric the sidecar exports, read from its components' stats at collection time.
+
+The names below gain Prometheus's suffixes on the scrape endpoint (``_total`` for counters,
+``_milliseconds`` for the histograms in ms): ``docs/metrics.md`` lists them as scraped, and the
+dashboards query those names (a test checks each panel's query against a real Prometheus).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from sidecar.errors import DECODE_REASONS
+from sidecar.telemetry.metrics import counts
+
+if TYPE_CHECKING:
+    from sidecar.app.service import Sidecar
+
+# The label sets known in advance, exported at 0 from start-up: a dashboard shows 0, not
+# "No data", before the first dead letter or skipped task (and a rate() has a start point).
+MIRROR_DEAD_REASONS: tuple[str, ...] = (*DECODE_REASONS, "too_large")
+SHADOW_DEAD_REASONS: tuple[str, ...] = (*DECODE_REASONS, "handler_failed")
+SKIP_REASONS: tuple[str, ...] = ("outside_share",)
+
+
+def register_metrics(sidecar: Sidecar) -> None:
+    """Create the observable instruments of ``sidecar`` on its own meter provider."""
+    metrics = sidecar.metrics
+    mirror, shadow, judge = sidecar.mirror, sidecar.shadow, sidecar.judge
+    if mirror is not None:
+        stats = mirror.stats
+        metrics.observe_counter(
+            "mirrored", "tasks mirrored to Kafka", lambda: counts(stats.routes, "stream", "topic")
+        )
+        metrics.observe_counter(
+            "skipped",
+            "tasks left out of Kafka",
+            lambda: counts(Counter({**dict.fromkeys(SKIP_REASONS, 0), **stats.skipped}), "reason"),
+        )
+        metrics.observe_counter(
+            "mirror_read", "stream entries read by the mirror", lambda: [({}, stats.read)]
+        )
+        metrics.observe_counter(
+            "produce_retries",
+            "batches Kafka did not take at once",
+            lambda: [({}, stats.produce_retries)],
+        )
+    percent = sidecar.settings.mirror.traffic_percent
+    metrics.observe_gauge(
+        "traffic_percent", "share of tasks carried over Kafka", lambda: [({}, percent)]
+    )
+    metrics.observe_counter("dead_lettered", "records sent to the DLQ", lambda: _dead(sidecar))
+    judge_stats = judge.stats
+    metrics.observe_counter(
+        "verdicts",
+        "verdicts published",
+        lambda: counts(judge_stats.by_type, "verdict", "task_type"),
+    )
+    metrics.observe_counter(
+        "mismatches",
+        "mismatches by the comparator that found them",
+        lambda: counts(judge_stats.mismatch_comparators, "comparator", "task_type"),
+    )
+    metrics.observe_counter(
+        "mismatched_fields",
+        "differences by top-level field (at most 100 fields, then 'other')",
+        lambda: counts(_bounded(sidecar, judge_stats.mismatched_fields), "field"),
+    )
+    metrics.observe_counter(
+        "noise_differences",
+        "differences excluded as noise by the baseline",
+        lambda: [({}, judge_stats.noise)],
+    )
+    if shadow is not None:
+        shadow_stats = shadow.stats
+        metrics.observe_counter(
+            "shadow_processed",
+            "Kafka records processed by the shadow",
+            lambda: counts(shadow_stats.processed, "topic"),
+        )
+        metrics.observe_counter(
+            "shadow_duplicates",
+            "second copies of an entry seen by the shadow",
+            lambda: [({}, shadow_stats.duplicates)],
+        )
+        metrics.observe_counter(
+            "shadow_retries", "handler retries", lambda: [({}, shadow_stats.retries)]
+        )
+        metrics.observe_gauge(
+            "in_flight",
+            "tasks being processed now",
+            lambda: [({"component": "shadow"}, shadow_stats.in_flight)],
+        )
+        metrics.observe_gauge(
+            "kafka_lag",
+            "records behind the shadow group's commit",
+            lambda: [
+                ({"topic": topic, "partition": str(partition)}, lag)
+                for (topic, partition), lag in shadow.consumer_lag().items()
+            ],
+        )
+    gauges = metrics.gauges
+    metrics.observe_gauge(
+        "redis_lag",
+        "stream entries not yet read by the mirror's group",
+        lambda: [({"stream": s}, lag) for s, lag in gauges.redis_lag.items()],
+    )
+    health = sidecar.health
+    metrics.observe_gauge(
+        "up",
+        "1 while a component's loop runs",
+        lambda: [({"component": c}, 1.0 if up else 0.0) for c, up in health.running.items()],
+    )
+
+
+def _dead(sidecar: Sidecar) -> list[tuple[dict[str, str], float]]:
+    found: dict[tuple[str, str], int] = {}
+    if sidecar.mirror is not None:
+        found.update(dict.fromkeys((("mirror", r) for r in MIRROR_DEAD_REASONS), 0))
+        found.update({("mirror", r): n for r, n in sidecar.mirror.stats.dead_lettered.items()})
+    if sidecar.shadow is not None:
+        found.update(dict.fromkeys((("shadow", r) for r in SHADOW_DEAD_REASONS), 0))
+        found.update({("shadow", r): n for r, n in sidecar.shadow.stats.dead_lettered.items()})
+    return [({"stage": stage, "reason": reason}, float(n)) for (stage, reason), n in found.items()]
+
+
+def _bounded(sidecar: Sidecar, fields: Counter[str]) -> Counter[str]:
+    bounded: Counter[str] = Counter()
+    for path, n in fields.items():
+        bounded[sidecar.metrics.field_label(path)] += n
+    return bounded

@@ -1,0 +1,114 @@
+"""Valkey and Kafka together: what ``ragflow-sidecar local-stack up|down|status`` drives."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from sidecar.dev.local_stack.kafka import DEFAULT_KAFKA_VERSION, LocalKafka
+from sidecar.dev.local_stack.valkey import LocalValkey
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    """Where the stack keeps its data and logs, and its ports (all on 127.0.0.1)."""
+
+    root: Path = Path(".local")
+    valkey_port: int = 16379
+    kafka_port: int = 19092
+    kafka_controller_port: int = 19093
+    valkey_aof: bool = False
+    kafka_version: str = DEFAULT_KAFKA_VERSION
+    # --secured: a SASL_SSL (SCRAM-SHA-512) listener on this port beside the PLAINTEXT one.
+    kafka_secured: bool = False
+    kafka_sasl_ssl_port: int = 19094
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    name: str
+    pid: int | None
+    answering: bool
+    address: str
+
+
+class LocalStack:
+    """Start, stop and report on the local Valkey and Kafka; ``up`` is idempotent."""
+
+    def __init__(self, config: StackConfig) -> None:
+        self.config = config
+        root = config.root.resolve()
+        self.valkey = LocalValkey(root, config.valkey_port, aof=config.valkey_aof)
+        self.kafka = LocalKafka(
+            root,
+            config.kafka_port,
+            config.kafka_controller_port,
+            version=config.kafka_version,
+            sasl_ssl_port=config.kafka_sasl_ssl_port if config.kafka_secured else None,
+        )
+        self._state_file = root / "stack.json"
+
+    @classmethod
+    def from_state(cls, root: Path) -> LocalStack:
+        """The stack as the last ``up`` in ``root`` configured it (defaults if none)."""
+        try:
+            saved = json.loads((root / "stack.json").read_text())
+            saved["root"] = root
+            return cls(StackConfig(**saved))
+        except (OSError, ValueError, TypeError):
+            return cls(StackConfig(root=root))
+
+    def up(self) -> None:
+        self.config.root.mkdir(parents=True, exist_ok=True)
+        state = {**asdict(self.config), "root": str(self.config.root)}
+        self._state_file.write_text(json.dumps(state, indent=2) + "\n")
+        self.valkey.start()
+        self.kafka.start()
+
+    def down(self) -> list[str]:
+        """Stop what this stack started (by pid); returns the names stopped."""
+        stopped = []
+        if self.kafka.stop():
+            stopped.append("kafka")
+        if self.valkey.stop():
+            stopped.append("valkey")
+        return stopped
+
+    def status(self) -> list[ServiceStatus]:
+        valkey_pid = self.valkey.process.pid()
+        kafka_pid = self.kafka.process.pid()
+        return [
+            ServiceStatus(
+                "valkey", valkey_pid, valkey_pid is not None and self.valkey.ping(), self.valkey.url
+            ),
+            ServiceStatus(
+                "kafka",
+                kafka_pid,
+                kafka_pid is not None and self.kafka.answers(),
+                self.kafka.bootstrap_servers,
+            ),
+        ]
+
+    def exports(self) -> str:
+        """Shell lines that point the sidecar at this stack (its secured listener if it has one).
+
+        The SCRAM password is read from its file when the lines are eval'd, so it is never
+        printed.
+        """
+        if not self.config.kafka_secured:
+            return (
+                f"export REDIS_URL={self.valkey.url}\n"
+                f"export KAFKA_BOOTSTRAP_SERVERS={self.kafka.bootstrap_servers}\n"
+            )
+        kafka = self.kafka
+        return (
+            f"export REDIS_URL={self.valkey.url}\n"
+            f"export KAFKA_BOOTSTRAP_SERVERS={kafka.secured_bootstrap_servers}\n"
+            "export KAFKA_SECURITY_PROTOCOL=SASL_SSL\n"
+            "export KAFKA_SASL_MECHANISM=SCRAM-SHA-512\n"
+            f"export KAFKA_SASL_USERNAME={kafka.sasl_username}\n"
+            f'export KAFKA_SASL_PASSWORD="$(cat {shlex.quote(str(kafka.sasl_password_file))})"\n'
+            f"export KAFKA_SSL_CAFILE={shlex.quote(str(kafka.tls.ca_file))}\n"
+        )

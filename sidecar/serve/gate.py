@@ -1,0 +1,324 @@
+"""``ragflow-sidecar gate``: canary analysis of the served share, and the cap that rolls it back.
+
+Two kinds of evidence over one window decide whether the share may go up:
+
+- judged: the final verdicts the sidecar published about the mirrored streams (``match`` rate,
+  ``missing_*`` counts), read from the verdicts topic without a consumer group;
+- served: what RAGFlow's own processes recorded per path (``ragflow_mq.evidence``) while they
+  executed tasks from Redis and from Kafka: failure rates and processing latency, compared.
+
+The decision is an exit code: 0 promote, 1 hold (not enough evidence, or a warning level
+crossed), 3 roll back. ``--apply`` acts on a roll-back only, by lowering the cap kept in Valkey
+to 0 (``ragflow_mq.cap``); it never raises anything. Raising is the operator's: the env, or
+``--clear-cap`` to lift a cap the gate set.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import valkey.asyncio as avalkey
+
+from ragflow_mq.cap import LOWER_SCRIPT, effective_percent, parse_cap
+from ragflow_mq.contract import EVENTS, EVIDENCE_TTL_S, PATHS, Keys
+from ragflow_mq.evidence import Evidence, PathEvidence, window_keys
+from sidecar.config import Settings
+from sidecar.errors import ConfigError
+from sidecar.serve.gate_checks import (
+    DECISIONS,
+    FINAL_VERDICTS,
+    HOLD,
+    PROMOTE,
+    ROLLBACK,
+    Check,
+    Judged,
+    analyse,
+)
+from sidecar.transport.redis_streams import create_client, translate_valkey_errors
+from sidecar.verdicts.reader import VerdictReadStats, parse_since, read_verdicts
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class GateReport:
+    """Everything the gate saw over one window, its checks and the decision they make."""
+
+    since_ms: int
+    until_ms: int
+    judged_share: float  # KAFKA_TRAFFIC_PERCENT
+    served_share: float  # KAFKA_SERVE_PERCENT
+    cap: float | None
+    judged: Judged
+    served: Evidence
+    served_active: bool
+    checks: list[Check]
+    action: str | None = None  # what --apply did
+
+    @property
+    def decision(self) -> int:
+        verdicts = {check.verdict for check in self.checks}
+        return ROLLBACK if "rollback" in verdicts else HOLD if "hold" in verdicts else PROMOTE
+
+    @property
+    def reasons(self) -> list[str]:
+        # Roll-back reasons first: they are what an operator must act on.
+        order = {"rollback": 0, "hold": 1}
+        failing = [check for check in self.checks if check.verdict in order]
+        return [check.reason for check in sorted(failing, key=lambda c: order[c.verdict])]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "window": {
+                "since_ms": self.since_ms,
+                "until_ms": self.until_ms,
+                "seconds": (self.until_ms - self.since_ms) / 1000,
+            },
+            "share": {
+                "judged": self.judged_share,
+                "served": self.served_share,
+                "cap": self.cap,
+                "served_effective": effective_percent(self.served_share, self.cap),
+            },
+            "judged": self.judged.to_dict(),
+            "served": {
+                "active": self.served_active,
+                **{path: _path_dict(self.served[path]) for path in PATHS},
+            },
+            "checks": [check.to_dict() for check in self.checks],
+            "decision": {
+                "code": self.decision,
+                "name": DECISIONS[self.decision],
+                "reasons": self.reasons,
+            },
+            "action": self.action,
+        }
+
+
+def _path_dict(path: PathEvidence) -> dict[str, Any]:
+    rate = path.failure_rate()
+    return {
+        **{event: path[event] for event in EVENTS},
+        "failure_percent": None if rate is None else 100.0 * rate,
+        **{
+            f"{latency}_p{round(q * 100)}_ms": path.quantile_ms(latency, q)
+            for latency in ("processing", "queue_wait")
+            for q in (0.5, 0.99)
+        },
+        "processing_samples": path.samples("processing"),
+    }
+
+
+def parse_window(text: str, now_ms: int) -> int:
+    """``--window``: the start of the window (``30m``, ``2h``, an ISO time, epoch ms)."""
+    try:
+        since_ms = parse_since(text, now_ms)
+    except ConfigError as exc:
+        raise ConfigError("--window", exc.problem) from None
+    if since_ms >= now_ms:
+        raise ConfigError("--window", f"{text!r} does not reach into the past")
+    # Older minute buckets have expired: a longer window would claim evidence it lacks.
+    if now_ms - since_ms > EVIDENCE_TTL_S * 1000:
+        raise ConfigError(
+            "--window", f"{text!r} is longer than the {EVIDENCE_TTL_S // 3600} h kept"
+        )
+    return since_ms
+
+
+async def collect(settings: Settings, since_ms: int, until_ms: int) -> GateReport:
+    """Read both kinds of evidence over ``[since_ms, until_ms]`` and judge them."""
+    served, cap = await read_served(settings, since_ms / 1000, until_ms / 1000)
+    judged = await read_judged(settings, since_ms)
+    kafka = served["kafka"]
+    # A share of 0 that served nothing has no population to compare; one that is set, or that
+    # served something (a share lowered since), must show evidence before it can be promoted.
+    served_active = settings.serve.percent > 0 or any(
+        kafka[event] for event in ("produced", "started", "finished")
+    )
+    return GateReport(
+        since_ms=since_ms,
+        until_ms=until_ms,
+        judged_share=settings.mirror.traffic_percent,
+        served_share=settings.serve.percent,
+        cap=cap,
+        judged=judged,
+        served=served,
+        served_active=served_active,
+        checks=analyse(settings.gate, judged, served, served_active=served_active),
+    )
+
+
+async def read_served(
+    settings: Settings, since_s: float, until_s: float
+) -> tuple[Evidence, float | None]:
+    """The window's evidence (one pipelined HGETALL per minute) and the cap, in one trip."""
+    keys = Keys(settings.serve.key_prefix)
+    names = window_keys(keys, since_s, until_s)
+    client = create_client(settings.redis)
+    try:
+        with translate_valkey_errors(
+            "read the served share's evidence", settings.redis.display_url
+        ):
+            pipe = client.pipeline(transaction=False)
+            for name in names:
+                pipe.hgetall(name)
+            pipe.get(keys.cap)
+            replies: list[Any] = await pipe.execute()
+    finally:
+        await client.aclose()
+    return Evidence.from_hashes(replies[:-1]), parse_cap(replies[-1])
+
+
+async def read_judged(settings: Settings, since_ms: int) -> Judged:
+    """Final verdicts decided since ``since_ms`` about the streams this deployment mirrors
+    (the verdicts topic may carry another deployment's, or an older stream layout's)."""
+    stats = VerdictReadStats()
+    records = await read_verdicts(
+        settings.kafka, since_ms=since_ms, verdicts=None, task_types=None, stats=stats
+    )
+    judged = judged_of(records, settings.mirror.streams)
+    judged.complete = stats.complete
+    return judged
+
+
+def judged_of(records: Iterable[Mapping[str, Any]], streams: Iterable[str]) -> Judged:
+    wanted = set(streams)
+    judged = Judged()
+    for record in records:
+        if record.get("stream") not in wanted:
+            continue
+        kind = str(record.get("verdict"))
+        if kind == "duplicate":
+            judged.duplicates += 1
+        elif kind in FINAL_VERDICTS:
+            judged.kinds[kind] += 1
+    return judged
+
+
+async def lower_cap(settings: Settings, previous: float | None) -> str:
+    """Lower the cap to 0; the script keeps a value already lower and never raises one, so a
+    gate applying at the same time as another (or as an operator) cannot undo it."""
+    keys = Keys(settings.serve.key_prefix)
+    client = create_client(settings.redis)
+    try:
+        with translate_valkey_errors(f"lower the cap {keys.cap}", settings.redis.display_url):
+            now = parse_cap(await _eval(client, LOWER_SCRIPT, keys.cap, "0"))
+    finally:
+        await client.aclose()
+    was = "unset" if previous is None else f"{previous:g}"
+    shown = "?" if now is None else f"{now:g}"
+    logger.info("gate lowered the served share's cap %s from %s to %s", keys.cap, was, shown)
+    done = f"already {shown}" if previous == now else f"lowered to {shown} (was {was})"
+    return (
+        f"cap {keys.cap} {done}: RAGFlow serves "
+        f"{effective_percent(settings.serve.percent, now):g} % from Kafka within "
+        f"SERVE_CAP_REFRESH_S={settings.serve.cap_refresh_s:g} s; the judged share "
+        f"(KAFKA_TRAFFIC_PERCENT={settings.mirror.traffic_percent:g}) is not changed by the cap"
+    )
+
+
+async def _eval(client: avalkey.Valkey, script: str, key: str, value: str) -> Any:
+    # valkey-py types eval as sync-or-async; on the asyncio client it awaits.
+    return await client.eval(script, 1, key, value)  # type: ignore[misc]
+
+
+async def clear_cap(settings: Settings) -> str:
+    """Lift the cap: RAGFlow serves ``KAFKA_SERVE_PERCENT`` again (an operator's raise).
+
+    The cap is set to 100 rather than deleted: a RAGFlow process that sees its cap vanish
+    takes it for an eviction and keeps the last value, so only this lifts it."""
+    keys = Keys(settings.serve.key_prefix)
+    client = create_client(settings.redis)
+    try:
+        with translate_valkey_errors(f"delete the cap {keys.cap}", settings.redis.display_url):
+            previous = parse_cap(await client.get(keys.cap))
+            await client.set(keys.cap, "100")
+    finally:
+        await client.aclose()
+    percent = settings.serve.percent
+    if previous is None or previous >= 100:
+        return f"no cap {keys.cap} was set: RAGFlow serves KAFKA_SERVE_PERCENT={percent:g} %"
+    logger.info("gate cleared the served share's cap %s (was %g)", keys.cap, previous)
+    return (
+        f"cap {keys.cap} cleared (was {previous:g}): RAGFlow serves "
+        f"KAFKA_SERVE_PERCENT={percent:g} % from Kafka within "
+        f"SERVE_CAP_REFRESH_S={settings.serve.cap_refresh_s:g} s"
+    )
+
+
+def render_json(report: GateReport) -> str:
+    return json.dumps(report.to_dict(), indent=2, sort_keys=True)
+
+
+def render_table(report: GateReport) -> str:
+    """A header (window, shares, evidence), one row per check, and the decision."""
+    judged, cap = report.judged, report.cap
+    lines = [
+        f"gate over {_time(report.since_ms)} → {_time(report.until_ms)}",
+        f"share: judged {report.judged_share:g} % (KAFKA_TRAFFIC_PERCENT), served "
+        f"{report.served_share:g} % (KAFKA_SERVE_PERCENT), cap "
+        f"{'none' if cap is None else f'{cap:g}'}, served now "
+        f"{effective_percent(report.served_share, cap):g} %",
+        f"judged: {judged.judged} final verdicts, "
+        + ", ".join(f"{judged.kinds[kind]} {kind}" for kind in FINAL_VERDICTS)
+        + f"; {judged.duplicates} duplicate",
+        "",
+        *_served_table(report.served),
+        "",
+    ]
+    rows = [("check", "value", "threshold", "verdict")]
+    rows += [(c.name, c.shown, c.threshold, c.verdict) for c in report.checks]
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    # The verdict column is last and not padded, so a line ends with it (easy to grep).
+    lines += [
+        "  ".join([*(cell.ljust(width) for cell, width in zip(row, widths, strict=False)), row[3]])
+        for row in rows
+    ]
+    name = DECISIONS[report.decision]
+    lines += ["", f"decision: {name.upper()} (exit {report.decision})"]
+    lines += [f"  - {reason}" for reason in report.reasons]
+    if report.action:
+        lines += ["", report.action]
+    return "\n".join(lines)
+
+
+def _served_table(served: Evidence) -> list[str]:
+    heading = ("path", *EVENTS, "failure", "processing p50/p99", "queue wait p50/p99")
+    rows: list[tuple[str, ...]] = [heading]
+    for path in PATHS:
+        evidence = served[path]
+        rate = evidence.failure_rate()
+        rows.append(
+            (
+                path,
+                *(str(evidence[event]) for event in EVENTS),
+                "-" if rate is None else f"{100 * rate:.2f} %",
+                _quantiles(evidence, "processing"),
+                _quantiles(evidence, "queue_wait"),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(heading))]
+    # Names left-aligned, numbers right-aligned.
+    return [
+        "  ".join(
+            cell.rjust(width) if i else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in rows
+    ]
+
+
+def _quantiles(evidence: PathEvidence, latency: str) -> str:
+    p50, p99 = evidence.quantile_ms(latency, 0.5), evidence.quantile_ms(latency, 0.99)
+    if p50 is None or p99 is None:
+        return "-"
+    return f"{p50:g}/{p99:g} ms"
+
+
+def _time(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

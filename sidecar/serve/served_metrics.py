@@ -1,0 +1,183 @@
+"""Metrics of the served share: what RAGFlow's own processes recorded in Valkey, per path.
+
+RAGFlow's API server and executors write the evidence (``ragflow_mq.evidence``); the sidecar
+only reads it back. The read is a poller of its own, every ``POLL_INTERVAL_S``, so a scrape
+never waits on Valkey and the data path never pays for it; the instruments' callbacks read the
+values the last poll left. A failed poll keeps the previous values (and says so once).
+
+The numbers are the whole deployment's, not this process's: every sidecar instance reading the
+same Valkey reports the same values, so dashboards take ``max``, never ``sum``, across instances.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import valkey.asyncio as avalkey
+
+from ragflow_mq.cap import effective_percent, parse_cap
+from ragflow_mq.contract import EVENTS, LATENCIES, PATHS, Keys
+from ragflow_mq.evidence import Evidence, window_keys
+from sidecar.config import Settings
+from sidecar.errors import SidecarError
+from sidecar.lifecycle import Lifecycle
+from sidecar.telemetry.metrics import SidecarMetrics
+from sidecar.transport.redis_streams import create_client, translate_valkey_errors
+
+logger = logging.getLogger(__name__)
+
+POLL_INTERVAL_S: Final = 10.0
+# The latency and failure gauges cover the minute buckets of this recent stretch.
+RECENT_S: Final = 300.0
+QUANTILES: Final = (0.5, 0.99)
+
+Sample = tuple[Mapping[str, str], float]
+
+
+@dataclass
+class ServedValues:
+    """What the last successful poll read; zeros (and no cap) before the first one."""
+
+    totals: Counter[tuple[str, str]] = field(default_factory=Counter)  # (path, event) -> n
+    recent: Evidence = field(default_factory=lambda: Evidence.from_hashes(()))
+    cap: float | None = None
+    polled_at: float | None = None  # time.time() of the last successful poll
+
+
+class ServedEvidencePoller(Lifecycle):
+    """Reads the served share's evidence and cap from Valkey every ``interval_s``."""
+
+    def __init__(self, settings: Settings, *, interval_s: float = POLL_INTERVAL_S) -> None:
+        super().__init__()
+        self._settings = settings
+        self._keys = Keys(settings.serve.key_prefix)
+        self._interval_s = interval_s
+        self.values = ServedValues()
+        self._client: avalkey.Valkey | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._halt = asyncio.Event()
+        self._failing = False
+
+    async def _start(self) -> None:
+        self._client = create_client(self._settings.redis)
+        self._halt = asyncio.Event()
+        self._task = asyncio.create_task(self._loop(), name="served-evidence-poller")
+
+    async def _stop(self) -> None:
+        # The event ends the loop between polls; the cancel ends a poll waiting on Valkey. Both,
+        # because a cancel landing in valkey-py's connection check can be taken for a timeout.
+        self._halt.set()
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+    async def _loop(self) -> None:
+        while not self._halt.is_set():
+            await self.poll()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._halt.wait(), timeout=self._interval_s)
+
+    async def poll(self) -> bool:
+        """One read (totals, recent minutes, cap) in one pipeline; ``False`` if it failed."""
+        if self._client is None:
+            return False
+        now = time.time()
+        recent = window_keys(self._keys, now - RECENT_S, now)
+        where = self._settings.redis.display_url
+        try:
+            with translate_valkey_errors("read the served share's evidence", where):
+                pipe = self._client.pipeline(transaction=False)
+                pipe.hgetall(self._keys.evidence_total)
+                for name in recent:
+                    pipe.hgetall(name)
+                pipe.get(self._keys.cap)
+                replies: list[Any] = await pipe.execute()
+        except SidecarError as exc:
+            # Once per outage, not every 10 s; the gauges keep the last values meanwhile.
+            if not self._failing:
+                logger.warning("served-share metrics keep their last values: %s", exc)
+            self._failing = True
+            return False
+        if self._failing:
+            logger.info("served-share metrics read from Valkey again")
+        self._failing = False
+        total = Evidence.from_hashes(replies[:1])
+        self.values = ServedValues(
+            totals=Counter({(p, e): total[p][e] for p in PATHS for e in EVENTS}),
+            recent=Evidence.from_hashes(replies[1:-1]),
+            cap=parse_cap(replies[-1]),
+            polled_at=now,
+        )
+        return True
+
+
+def register_served_metrics(
+    metrics: SidecarMetrics, poller: ServedEvidencePoller, settings: Settings
+) -> None:
+    """The served share's instruments, read from ``poller.values`` at collection time."""
+    judged, served = settings.mirror.traffic_percent, settings.serve.percent
+
+    def tasks() -> list[Sample]:
+        totals = poller.values.totals
+        # Every path x event from the start, at 0: a series that appears later loses its first
+        # increase in rate(), and a missing one reads as "no data" rather than "none".
+        return [({"path": p, "event": e}, float(totals[(p, e)])) for p in PATHS for e in EVENTS]
+
+    def shares() -> list[Sample]:
+        effective = effective_percent(served, poller.values.cap)
+        return [
+            ({"share": "judged"}, judged),
+            ({"share": "served"}, served),
+            ({"share": "served_effective"}, effective),
+        ]
+
+    metrics.observe_counter(
+        "served_tasks",
+        "tasks RAGFlow executed per path (redis|kafka) by event, from ragflow_mq's evidence",
+        tasks,
+    )
+    metrics.observe_gauge(
+        "serve_percent",
+        "judged (KAFKA_TRAFFIC_PERCENT), served (KAFKA_SERVE_PERCENT) and served under the cap",
+        shares,
+    )
+    metrics.observe_gauge(
+        "served_latency_ms",
+        "p50/p99 of processing and queue wait per path over the last 5 minutes (0: none)",
+        lambda: latency_samples(poller.values.recent),
+    )
+    metrics.observe_gauge(
+        "served_failure_percent",
+        "failed over finished tasks per path over the last 5 minutes (0: none finished)",
+        lambda: failure_samples(poller.values.recent),
+    )
+
+
+def latency_samples(recent: Evidence) -> Iterable[Sample]:
+    # 0 without a sample: OpenTelemetry drops a NaN observation (and warns on every scrape),
+    # and a series that comes and goes reads as a broken panel. served_tasks_total tells an
+    # idle path from a fast one.
+    for path in PATHS:
+        for latency in LATENCIES:
+            for q in QUANTILES:
+                value = recent[path].quantile_ms(latency, q)
+                labels = {"path": path, "latency": latency, "quantile": f"{q:g}"}
+                yield labels, 0.0 if value is None else value
+
+
+def failure_samples(recent: Evidence) -> Iterable[Sample]:
+    for path in PATHS:
+        rate = recent[path].failure_rate()
+        yield {"path": path}, 0.0 if rate is None else 100.0 * rate

@@ -1,0 +1,110 @@
+"""The control side: the shadow handler run on the copy the mirror read from Redis.
+
+The mirror calls a :class:`ControlRecorder` with each batch it put in Kafka, before it XACKs
+the batch, so a crash replays the control too (the join stores a side once). With
+``SHADOW_NOISE_RUNS`` the handler runs that many extra times; paths that differ between those
+runs are noise and are excluded from the comparison with the Kafka path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import valkey.asyncio as valkey
+
+from comparators import NoiseBaseline
+from sidecar.shadow.handlers import HandlerResult, NamedHandler, TaskMeta, run_handler
+from sidecar.transport.base import OutgoingMessage
+from sidecar.transport.message import QueueMessage, decode_task, header_text
+from sidecar.transport.redis_streams import translate_valkey_errors
+from sidecar.verdicts.join import Arrival, EntryRef
+from sidecar.verdicts.judge import Judge, digest_or_none
+
+
+async def cancelled_tasks(client: valkey.Valkey, task_ids: Sequence[str]) -> list[bool]:
+    """Whether RAGFlow's ``{task_id}-cancel`` key exists for each task (one round trip)."""
+    if not task_ids:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for task_id in task_ids:
+        pipe.exists(f"{task_id}-cancel")
+    return [bool(n) for n in await pipe.execute()]
+
+
+def value_sha(value: bytes) -> str:
+    return hashlib.sha256(value).hexdigest()
+
+
+class ControlRecorder:
+    """Runs the handler on the Redis copies of a mirrored batch and records them as control."""
+
+    def __init__(self, judge: Judge, handler: NamedHandler, noise_runs: int = 0) -> None:
+        self._judge = judge
+        self._handler = handler
+        self._noise_runs = noise_runs
+        self._client = judge.join_client
+        self._where = judge.settings.redis.display_url
+
+    async def __call__(self, mirrored: Sequence[tuple[QueueMessage, OutgoingMessage]]) -> None:
+        if not mirrored:
+            return
+        acked_ms = int(time.time() * 1000)
+        tasks = [decode_task(message.value) for message, _ in mirrored]
+        with translate_valkey_errors("look up cancel keys", self._where):
+            cancelled = await cancelled_tasks(self._client, [str(t.get("id")) for t in tasks])
+        arrivals = []
+        traced = self._judge.tracing.enabled
+        for (message, record), task, is_cancelled in zip(mirrored, tasks, cancelled, strict=True):
+            meta = TaskMeta(
+                path="redis",
+                stream=message.topic,
+                entry_id=message.id,
+                topic=None,
+                partition=None,
+                offset=None,
+                attempt=1,
+                cancelled=is_cancelled,
+            )
+            runs = [await run_handler(self._handler, task, meta)]
+            for _ in range(self._noise_runs if runs[0].ok else 0):
+                runs.append(await run_handler(self._handler, task, meta))
+            assert message.value is not None  # decoded above
+            facts = self._facts(message, record, runs, acked_ms)
+            if traced:  # the record's producer context, for the verdict's span to link to
+                facts["traceparent"] = header_text(record.headers, "traceparent")
+            arrivals.append(
+                Arrival(
+                    EntryRef(message.topic, message.id), json.dumps(facts).encode(), message.value
+                )
+            )
+        await self._judge.record("control", arrivals)
+
+    def _facts(
+        self,
+        message: QueueMessage,
+        record: OutgoingMessage,
+        runs: list[HandlerResult],
+        acked_ms: int,
+    ) -> dict[str, Any]:
+        first = runs[0]
+        noise = NoiseBaseline.from_runs([run.outcome for run in runs if run.ok])
+        assert message.value is not None
+        return {
+            "task_id": header_text(record.headers, "x-task-id"),
+            "task_type": header_text(record.headers, "x-task-type"),
+            "priority": int(header_text(record.headers, "x-priority") or 0),
+            "stream": message.topic,
+            "topic": record.destination,
+            "key": record.key if isinstance(record.key, str) else None,
+            "value_sha": value_sha(message.value),
+            "outcome": first.outcome,
+            "error": first.error,
+            "digest": digest_or_none(first.outcome) if first.ok else None,
+            "noise_paths": sorted(noise.paths),
+            "processing_ms": round(first.elapsed_ms, 3),
+            "mirror_latency_ms": acked_ms - message.timestamp_ms,
+        }

@@ -1,0 +1,399 @@
+"""The shadow consumer: processes the Kafka copy of each task beside RAGFlow's Redis worker.
+
+It reads every task topic in ``SHADOW_GROUP``; while the priority topic has records the other
+topics are paused. At most ``MAX_CONCURRENT_TASKS`` run at once, and a partition's offset is
+committed only up to its lowest unfinished record. A record is processed once per stream entry
+(``x-redis-stream`` + ``x-redis-id``), however often the mirror replayed it: the first delivery
+takes a Valkey key with NX and a TTL; a later one is recorded as a duplicate. A handler failure
+is retried with backoff up to ``SHADOW_MAX_ATTEMPTS``, then the record goes to the DLQ with its
+original bytes and headers. Either way the outcome is the candidate side of the comparison.
+Served records (``x-served``, RAGFlow's own tasks on Kafka) are acked and counted, never run."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from comparators import OrderTracker
+from sidecar.config import Settings
+from sidecar.config.routing import RouteTable
+from sidecar.errors import MessageDecodeError, SidecarError
+from sidecar.lifecycle import Lifecycle
+from sidecar.shadow.handlers import HandlerResult, NamedHandler, TaskMeta, load_handler, run_handler
+from sidecar.shadow.records import (
+    decode_record,
+    int_or_none,
+    mirror_ref,
+    order_key,
+    raise_failures,
+)
+from sidecar.shadow.replay import value_sha
+from sidecar.transport.dead_letter import dead_letter
+from sidecar.transport.kafka import KafkaConsumer, KafkaProducer
+from sidecar.transport.message import QueueMessage, header_text
+from sidecar.transport.redis_streams import translate_valkey_errors
+from sidecar.transport.served import is_served
+from sidecar.verdicts.join import ALIVE_PREFIX, SEEN_PREFIX, Arrival, EntryRef
+from sidecar.verdicts.judge import Judge, digest_or_none
+
+logger = logging.getLogger(__name__)
+
+MAX_DLQ_BYTES = 1_048_576
+ALIVE_TTL_MS = 15_000
+POLL_TIMEOUT_MS = 200
+# Offsets are committed this often: a commit per record would cap the shadow at the broker's
+# commit rate; a crash redelivers finished work, which dedup absorbs.
+COMMIT_INTERVAL_MS = 500
+
+
+@dataclass
+class ShadowStats:
+    """Counters since start; the metrics exporter reads these."""
+
+    processed: Counter[str] = field(default_factory=Counter)  # by topic
+    duplicates: int = 0
+    retries: int = 0
+    dead_lettered: Counter[str] = field(default_factory=Counter)  # by reason
+    in_flight: int = 0
+    skipped_served: int = 0  # RAGFlow's own tasks on Kafka (x-served): nothing to compare
+    turns: int = 0  # of the loop: the liveness probe's sign of life
+
+
+class ShadowConsumer(Lifecycle):
+    """One shadow instance; several share ``SHADOW_GROUP`` and split the partitions."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        judge: Judge,
+        *,
+        handler: NamedHandler | None = None,
+        topics: tuple[str, ...] | None = None,
+        consumer_overrides: dict[str, Any] | None = None,
+        on_processed: Callable[[float | None, float], None] | None = None,
+    ) -> None:
+        """``on_processed(queue_wait_ms, processing_ms)`` is told of each task run (metrics);
+        ``topics`` default to the mirror's route table: the shadow reads where it writes."""
+        super().__init__()
+        routes = RouteTable(settings.mirror.routes)
+        if topics is None:
+            topics = tuple(routes.ordered_topics())
+        self._on_processed = on_processed
+        self.settings = settings
+        self.stats = ShadowStats()
+        self._judge = judge
+        self._tracing = judge.tracing
+        self._handler = handler or load_handler(settings.shadow.handler)
+        self._instance = settings.shadow.instance
+        self._consumer = KafkaConsumer(
+            settings.kafka,
+            topics,
+            settings.shadow.group,
+            commit_interval_ms=COMMIT_INTERVAL_MS,
+            auto_offset_reset=settings.shadow.start,
+            # Static membership only for a stable name: a member that leaves for good does not
+            # say so, and a name per pid would hold its partitions for a session timeout.
+            group_instance_id=settings.shadow.instance if settings.shadow.stable_instance else None,
+            **(consumer_overrides or {}),
+        )
+        self._dlq = KafkaProducer(settings.kafka, max_request_size=MAX_DLQ_BYTES)
+        self._client = judge.join_client
+        self._where = settings.redis.display_url
+        self._order = OrderTracker()
+        self._priority_topics = [t for t in topics if t == routes.priority_parse_topic]
+        self._pinned = False  # SHADOW_START=latest positions committed once per start
+
+    async def _start(self) -> None:
+        self._pinned = False
+        await self._dlq.start()
+        try:
+            await self._consumer.start()
+        except BaseException:
+            await self._dlq.stop()
+            raise
+
+    async def _stop(self) -> None:
+        try:
+            await self._consumer.stop()
+        finally:
+            await self._dlq.stop()
+
+    def consumer_lag(self) -> dict[tuple[str, int], int]:
+        """Records behind this instance's commits, per assigned partition."""
+        return self._consumer.lag()
+
+    async def wait_ready(self, timeout_s: float = 60.0) -> dict[str, int]:
+        """Wait until partitions are assigned and positioned; returns the positions."""
+        await self.pin_start(timeout_s)
+        return await self._consumer.wait_for_assignment(timeout_s)
+
+    async def pin_start(self, timeout_s: float = 60.0) -> None:
+        """With ``SHADOW_START=latest``, fix where a new group starts, once per start: before
+        the mirror produces anything this shadow is meant to see."""
+        if self.settings.shadow.start == "latest" and not self._pinned:
+            await self._consumer.pin_start_positions(timeout_s)
+            self._pinned = True
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Consume until ``stop`` is set, then let the tasks in hand finish.
+
+        A task that fails on something other than its handler (Valkey or Kafka gone) ends the
+        loop with that error; its record stays uncommitted and is delivered again on restart.
+        """
+        limit = self.settings.shadow.max_concurrent_tasks
+        await self.pin_start()
+        running: set[asyncio.Task[None]] = set()
+        heartbeat = asyncio.create_task(self._heartbeat(stop), name="shadow-heartbeat")
+        try:
+            while not stop.is_set() and not heartbeat.done():
+                self.stats.turns += 1
+                if len(running) >= limit:
+                    done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                    raise_failures(done)
+                    continue
+                await self._consumer.commit_due()
+                batch = await self._consumer.poll_batch(limit - len(running), POLL_TIMEOUT_MS)
+                self._serve_priority_first(batch)
+                for message in batch:
+                    if is_served(message.headers):
+                        # RAGFlow executes it from Kafka: no Redis entry to compare it with,
+                        # and running it would be judged missing_primary for nothing missing.
+                        self.stats.skipped_served += 1
+                        await message.ack()
+                        continue
+                    # Order is judged in consumption order, before tasks run concurrently, and
+                    # only where promised: one stream's entries of one key in one partition.
+                    named = mirror_ref(message)
+                    place = order_key(message, named.stream) if named else ""
+                    violation = self._order.observe(place, named.entry_id) if named else None
+                    after = str(violation.right) if violation is not None else None
+                    work = self._process(message, after, stop)
+                    if self._tracing.enabled:
+                        work = self._tracing.process(message, self.settings.shadow.group, work)
+                    running.add(asyncio.create_task(work))
+                self.stats.in_flight = len(running)
+                finished = {task for task in running if task.done()}
+                running -= finished
+                raise_failures(finished)
+            if heartbeat.done():
+                heartbeat.result()
+        finally:
+            # Stop taking work; what is in hand finishes (the caller bounds the wait).
+            if running:
+                done, _ = await asyncio.wait(running)
+                self.stats.in_flight = 0
+                for task in done:
+                    # Retrieved so that none is reported as "never retrieved": after a loop
+                    # failure the others in hand usually fail of the same cause.
+                    if not task.cancelled() and task.exception() is not None:
+                        logger.debug("a task in hand failed too: %s", task.exception())
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
+
+    def _serve_priority_first(self, batch: list[QueueMessage]) -> None:
+        if not self._priority_topics:
+            return
+        if any(message.topic in self._priority_topics for message in batch):
+            self._consumer.pause_all_but(self._priority_topics)
+        else:
+            self._consumer.resume_all()
+
+    async def _heartbeat(self, stop: asyncio.Event) -> None:
+        """Keep this instance's liveness key, which tells a crash redelivery from a duplicate."""
+        key = f"{ALIVE_PREFIX}{self._instance}"
+        while not stop.is_set():
+            with translate_valkey_errors("refresh the liveness key", self._where):
+                await self._client.set(key, b"1", px=ALIVE_TTL_MS)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=ALIVE_TTL_MS / 3000)
+        with (
+            contextlib.suppress(SidecarError),
+            translate_valkey_errors("drop the liveness key", self._where),
+        ):
+            await self._client.delete(key)
+
+    async def _process(
+        self, message: QueueMessage, out_of_order_after: str | None, stop: asyncio.Event
+    ) -> None:
+        """Process one record; ``out_of_order_after`` names a later entry of the same key
+        that was consumed before this one (a per-key order violation, unless a duplicate)."""
+        started_ms = int(time.time() * 1000)
+        ref = mirror_ref(message)
+        if ref is None:
+            # Not put there by the mirror (or its headers name no entry): it has no Redis
+            # counterpart, so it is judged missing_primary once the compare timeout passes.
+            ref = EntryRef(f"kafka:{message.topic}", f"{message.partition}-{message.offset}")
+        try:
+            task = decode_record(message.value)
+        except MessageDecodeError as exc:
+            await self._dead_letter(message, exc.reason, exc.detail, attempts=0)
+            facts = self._facts(message, None, started_ms, ref)
+            facts["decode_error"] = exc.reason
+            await self._submit(message, ref, facts)
+            return
+        claim = await self._claim(ref)
+        if claim == "skip":
+            self.stats.duplicates += 1
+            await message.ack()
+            return
+        if claim == "recorded":
+            await self._submit(message, ref, self._facts(message, task, started_ms, ref))
+            return
+        with translate_valkey_errors("look up the cancel key", self._where):
+            cancelled = bool(await self._client.exists(f"{task.get('id')}-cancel"))
+        result, attempts = await self._run_with_retries(message, task, ref, cancelled, stop)
+        facts = self._facts(message, task, started_ms, ref)
+        facts.update(
+            outcome=result.outcome,
+            error=result.error,
+            digest=digest_or_none(result.outcome) if result.ok else None,
+            processing_ms=round(result.elapsed_ms, 3),
+            attempts=attempts,
+        )
+        if out_of_order_after is not None:
+            facts["order_violation"] = {"after": out_of_order_after}
+        if not result.ok:
+            await self._dead_letter(message, "handler_failed", result.error or "", attempts)
+        await self._submit(message, ref, facts)
+        self.stats.processed[message.topic] += 1
+        if self._on_processed is not None:
+            self._on_processed(facts.get("queue_wait_ms"), result.elapsed_ms)
+
+    async def _submit(self, message: QueueMessage, ref: EntryRef, facts: dict[str, Any]) -> None:
+        """Hand the candidate side to the judge, then let the record's offset be committed.
+
+        For an entry whose candidate is already recorded, the judge tells a redelivery of the
+        same record (nothing to say) from a second copy in Kafka (a ``duplicate`` verdict).
+        """
+        arrival = Arrival(
+            ref,
+            json.dumps(facts, default=repr).encode(),
+            message.value or b"",
+            origin=f"{message.topic}:{message.partition}:{message.offset}",
+        )
+        outcome = (await self._judge.record("candidate", [arrival]))[0]
+        if outcome in ("duplicate", "duplicate_again"):
+            self.stats.duplicates += 1
+        await message.ack()
+
+    async def _claim(self, ref: EntryRef) -> Literal["process", "recorded", "skip"]:
+        """Whether this delivery processes the entry (``process``), finds its candidate
+        already recorded (``recorded``), or leaves it to a live instance processing it now."""
+        key = f"{SEEN_PREFIX}{ref.stream}:{ref.entry_id}"
+        ttl_s = self.settings.shadow.dedup_ttl_s
+        me = self._instance.encode()
+        with translate_valkey_errors("take the dedup key", self._where):
+            if await self._client.set(key, me, nx=True, ex=ttl_s):
+                return "process"
+            if await self._client.hexists(ref.key, "candidate"):  # type: ignore[misc]
+                return "recorded"
+            holder = await self._client.get(key)
+            if holder == me:
+                # A second copy while ours is in flight: the join keeps one, counts the other.
+                return "process"
+            if holder and await self._client.exists(f"{ALIVE_PREFIX}{holder.decode()}"):
+                return "skip"
+            # Its holder died before recording an outcome: this delivery takes it over.
+            await self._client.set(key, me, ex=ttl_s)
+            return "process"
+
+    async def _run_with_retries(
+        self,
+        message: QueueMessage,
+        task: dict[str, Any],
+        ref: EntryRef,
+        cancelled: bool,
+        stop: asyncio.Event,
+    ) -> tuple[HandlerResult, int]:
+        shadow = self.settings.shadow
+        retry_count = max(int_or_none(header_text(message.headers, "x-retry-count")) or 0, 0)
+        attempt = 0
+        while True:
+            attempt += 1
+            meta = TaskMeta(
+                path="kafka",
+                stream=ref.stream,
+                entry_id=ref.entry_id,
+                topic=message.topic,
+                partition=message.partition,
+                offset=message.offset,
+                attempt=retry_count + attempt,
+                cancelled=cancelled,
+            )
+            result = await run_handler(self._handler, task, meta)
+            if result.ok or attempt >= shadow.max_attempts or stop.is_set():
+                return result, attempt
+            self.stats.retries += 1
+            delay_s = shadow.retry_backoff_ms * 2 ** (attempt - 1) / 1000
+            logger.info(
+                "handler failed on %s (attempt %d of %d), retrying in %.1f s: %s",
+                ref.entry_id,
+                attempt,
+                shadow.max_attempts,
+                delay_s,
+                result.error,
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=delay_s)
+
+    async def _dead_letter(
+        self, message: QueueMessage, reason: str, detail: str, attempts: int
+    ) -> None:
+        kept = tuple(
+            (name, value)
+            for name, value in message.headers
+            if name not in ("x-retry-count", "x-redis-stream", "x-redis-id")
+        )
+        record = dead_letter(
+            reason=reason,
+            detail=detail,
+            value=message.value,
+            stream=header_text(message.headers, "x-redis-stream") or "",
+            entry_id=header_text(message.headers, "x-redis-id") or "",
+            stage="shadow",
+            max_value_bytes=MAX_DLQ_BYTES,
+            extra_headers=(
+                *kept,
+                ("x-retry-count", str(attempts).encode()),
+                ("x-source-topic", message.topic.encode()),
+                ("x-source-offset", f"{message.partition}:{message.offset}".encode()),
+            ),
+        )
+        await self._dlq.send(
+            record.destination, record.value, key=record.key, headers=record.headers
+        )
+        self.stats.dead_lettered[reason] += 1
+
+    def _facts(
+        self,
+        message: QueueMessage,
+        task: dict[str, Any] | None,
+        started_ms: int,
+        ref: EntryRef,
+    ) -> dict[str, Any]:
+        enqueued = int_or_none(header_text(message.headers, "x-timestamp"))
+        queue_wait_ms = started_ms - enqueued if enqueued is not None else None
+        facts = {
+            "task_id": header_text(message.headers, "x-task-id")
+            or (str(task.get("id")) if task else None),
+            "task_type": header_text(message.headers, "x-task-type"),
+            "priority": int_or_none(header_text(message.headers, "x-priority")),
+            "stream": ref.stream,
+            "entry_id": ref.entry_id,
+            "topic": message.topic,
+            "partition": message.partition,
+            "offset": message.offset,
+            "value_sha": value_sha(message.value or b""),
+            "queue_wait_ms": queue_wait_ms,
+        }
+        if self._tracing.enabled:
+            facts.update(self._tracing.candidate_facts(message))  # for the verdict's links
+        return facts
