@@ -1,0 +1,355 @@
+"""The shadow migration overview: share of traffic on Kafka, verdicts, latency of both paths,
+lag, dead letters, component health and the share RAGFlow executes from Kafka."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders import dashboard as builders
+from grafana_foundation_sdk.models import dashboard as model
+
+from dashboards.panels import (
+    COUNT_STEPS,
+    INFO_STEPS,
+    MATCH_STEPS,
+    UP_DOWN,
+    Graph,
+    Row,
+    Stat,
+    dashboard,
+    link,
+    to_drill_down,
+    with_rows,
+)
+from dashboards.queries import (
+    DRILL_DOWN_UID,
+    MATCH_RATE_TARGET,
+    OVERVIEW_UID,
+    VERDICTS,
+    Query,
+    increase,
+    match_rate,
+    or_zero,
+    p50_p99,
+    rate,
+)
+
+_MIRRORED = "ragflow_sidecar_mirrored_total"
+_SKIPPED = "ragflow_sidecar_skipped_total"
+_DEAD_LETTERED = "ragflow_sidecar_dead_lettered_total"
+_MISMATCHES = VERDICTS + '{verdict="mismatch"}'
+_MISSING = VERDICTS + '{verdict=~"missing_in_kafka|missing_primary"}'
+_TRAFFIC = Query("max(ragflow_sidecar_traffic_percent)", "configured")
+
+MIGRATION_STATE = Row(
+    "Migration state",
+    [
+        Stat(
+            "Traffic on Kafka",
+            "KAFKA_TRAFFIC_PERCENT: the share of documents the mirror carries over Kafka.",
+            (_TRAFFIC,),
+            unit="percent",
+            steps=INFO_STEPS,
+        ),
+        Stat(
+            "Match rate",
+            "Final verdicts that are `match`, over the chosen range. The share should only "
+            f"go up while this stays at or above {MATCH_RATE_TARGET} %.",
+            (Query(match_rate(increase), "match rate"),),
+            unit="percent",
+            steps=MATCH_STEPS,
+            decimals=2,
+        ),
+        Stat(
+            "Mismatches",
+            "Tasks whose Kafka outcome differed from the Redis one, over the chosen range.",
+            (Query(or_zero(increase(_MISMATCHES)), "mismatches"),),
+            unit="short",
+            steps=COUNT_STEPS,
+            decimals=0,
+            links=(to_drill_down("Diff drill-down"),),
+        ),
+        Stat(
+            "Missing in Kafka",
+            "Tasks RAGFlow got from Redis whose Kafka copy never arrived, over the range.",
+            (
+                Query(
+                    or_zero(increase(VERDICTS + '{verdict="missing_in_kafka"}')),
+                    "missing in Kafka",
+                ),
+            ),
+            unit="short",
+            steps=COUNT_STEPS,
+            decimals=0,
+        ),
+        Stat(
+            "Dead-lettered",
+            "Records sent to ragflow.task.dlq over the chosen range (mirror and shadow).",
+            (Query(or_zero(increase(_DEAD_LETTERED)), "dead-lettered"),),
+            unit="short",
+            steps=COUNT_STEPS,
+            decimals=0,
+        ),
+        Stat(
+            "Components up",
+            "1 while a component's loop runs (mirror, shadow, observer, sweeper); the "
+            "lowest over the sidecar's instances.",
+            (Query("min by (component) (ragflow_sidecar_up)", "{{component}}"),),
+            unit="none",
+            steps=((None, "red"), (1, "green")),
+            mappings=UP_DOWN,
+        ),
+    ],
+)
+
+VERDICT_ROW = Row(
+    "Verdicts",
+    [
+        Graph(
+            "Match rate",
+            "Per cent of final verdicts that are `match`; the dashed line is the target "
+            f"({MATCH_RATE_TARGET} %).",
+            (Query(match_rate(rate), "match rate"),),
+            "percent",
+            max=100,
+            decimals=2,
+            steps=MATCH_STEPS,
+        ),
+        Graph(
+            "Verdicts by kind",
+            "Verdicts published per second: match, mismatch, missing_in_kafka, "
+            "missing_primary, error, and duplicate (a second Kafka copy of an entry).",
+            (Query(f"sum by (verdict) ({rate(VERDICTS)})", "{{verdict}}"),),
+            "ops",
+            stacked=True,
+        ),
+        Graph(
+            "Mismatches by task type",
+            "Mismatch verdicts per second by task type. Click a series for the drill-down.",
+            (
+                Query(
+                    f"sum by (task_type) ({rate(_MISMATCHES)})",
+                    "{{task_type}}",
+                ),
+            ),
+            "ops",
+            width=8,
+            links=(
+                to_drill_down(
+                    "Drill down on this task type", "&var-task_type=${__field.labels.task_type}"
+                ),
+            ),
+        ),
+        Graph(
+            "Mismatches by field",
+            "Differences per second by top-level field of the outcome (at most 100 "
+            "fields, then `other`).",
+            (
+                Query(
+                    f"sum by (field) ({rate('ragflow_sidecar_mismatched_fields_total')})",
+                    "{{field}}",
+                ),
+            ),
+            "ops",
+            width=8,
+            links=(to_drill_down("Diff drill-down"),),
+        ),
+        Graph(
+            "Missing in Kafka / missing primary",
+            "missing_in_kafka: Redis had the task, Kafka's copy never came. "
+            "missing_primary: Kafka had a task Redis never had.",
+            (Query(f"sum by (verdict) ({rate(_MISSING)})", "{{verdict}}"),),
+            "ops",
+            width=8,
+        ),
+    ],
+)
+
+LATENCY = Row(
+    "Latency: Redis path beside Kafka path",
+    [
+        Graph(
+            "Queue wait p50 / p99",
+            "XADD to the start of processing, per path (redis: RAGFlow's workers as the "
+            "observer sees them; kafka: the shadow consumer).",
+            p50_p99("ragflow_sidecar_queue_wait_milliseconds", "path"),
+            "ms",
+            width=8,
+        ),
+        Graph(
+            "Processing p50 / p99",
+            "Processing time per path. Redis-path tasks taken and acked between two "
+            "observer rounds have no processing time and are not counted.",
+            p50_p99("ragflow_sidecar_processing_milliseconds", "path"),
+            "ms",
+            width=8,
+        ),
+        Graph(
+            "Mirror latency p50 / p99",
+            "XADD of a task to Kafka's acknowledgement of its copy.",
+            p50_p99("ragflow_sidecar_mirror_latency_milliseconds"),
+            "ms",
+            width=8,
+        ),
+    ],
+)
+
+LAG_AND_THROUGHPUT = Row(
+    "Lag, dead letters, throughput",
+    [
+        Graph(
+            "Redis lag",
+            "Stream entries not yet read by the mirror's consumer group.",
+            (Query("max by (stream) (ragflow_sidecar_redis_lag)", "{{stream}}"),),
+            "short",
+            width=8,
+        ),
+        Graph(
+            "Kafka consumer lag",
+            "Records behind the shadow group's commits, per topic (summed over partitions).",
+            (Query("sum by (topic) (ragflow_sidecar_kafka_lag)", "{{topic}}"),),
+            "short",
+            width=8,
+        ),
+        Graph(
+            "DLQ rate by reason",
+            "Records sent to ragflow.task.dlq per second, by stage and reason.",
+            (Query(f"sum by (stage, reason) ({rate(_DEAD_LETTERED)})", "{{stage}}: {{reason}}"),),
+            "ops",
+            width=8,
+            stacked=True,
+        ),
+        Graph(
+            "Mirror throughput per stream and topic",
+            "Entries read from the streams, mirrored per stream and topic, and left out of "
+            "Kafka (outside the traffic share).",
+            (
+                Query(f"sum by (stream, topic) ({rate(_MIRRORED)})", "{{stream}} → {{topic}}"),
+                Query(f"sum({rate('ragflow_sidecar_mirror_read_total')})", "read from Redis"),
+                Query(f"sum by (reason) ({rate(_SKIPPED)})", "skipped: {{reason}}"),
+            ),
+            "ops",
+            width=8,
+        ),
+        Graph(
+            "Shadow throughput per topic",
+            "Kafka records processed by the shadow consumer, and tasks in flight.",
+            (
+                Query(
+                    f"sum by (topic) ({rate('ragflow_sidecar_shadow_processed_total')})",
+                    "{{topic}}",
+                ),
+                Query("sum(ragflow_sidecar_in_flight)", "in flight"),
+            ),
+            "ops",
+            width=8,
+        ),
+        Graph(
+            "Carried over Kafka vs configured",
+            "Share of the tasks read that were mirrored to Kafka, beside KAFKA_TRAFFIC_PERCENT.",
+            (
+                Query(
+                    f"100 * sum({rate(_MIRRORED)}) / (sum({rate(_MIRRORED)}) + "
+                    f"(sum({rate(_SKIPPED)}) or vector(0)))",
+                    "carried",
+                ),
+                _TRAFFIC,
+            ),
+            "percent",
+            width=8,
+            max=100,
+        ),
+        Graph(
+            "Retries and duplicates",
+            "Produce batches Kafka did not take at once, shadow handler retries, and "
+            "second copies of an entry seen by the shadow.",
+            (
+                Query(f"sum({rate('ragflow_sidecar_produce_retries_total')})", "produce"),
+                Query(f"sum({rate('ragflow_sidecar_shadow_retries_total')})", "handler"),
+                Query(f"sum({rate('ragflow_sidecar_shadow_duplicates_total')})", "duplicates"),
+            ),
+            "ops",
+            width=12,
+        ),
+        Graph(
+            "Components up",
+            "1 while a component's loop runs, per instance.",
+            (Query("ragflow_sidecar_up", "{{component}} {{instance}}"),),
+            "none",
+            width=12,
+            min=0,
+            max=1,
+        ),
+    ],
+)
+
+# What RAGFlow itself executes from Kafka (MQ_BACKEND=split), beside Redis. The values are the
+# whole deployment's, read from Valkey by every sidecar instance alike: ``max``, not sum.
+_SERVED_TASKS = "ragflow_sidecar_served_tasks_total" + '{event=~"started|finished|failed"}'
+_SERVED_P99 = 'ragflow_sidecar_served_latency_ms{latency="processing", quantile="0.99"}'
+
+SERVED_SHARE = Row(
+    "Served share: RAGFlow executing from Kafka",
+    [
+        Graph(
+            "Served vs judged share",
+            "KAFKA_SERVE_PERCENT (served: RAGFlow executes these documents' tasks from "
+            "Kafka) beside KAFKA_TRAFFIC_PERCENT (judged), and the served share under the "
+            "cap that `ragflow-sidecar gate --apply` lowers.",
+            (Query("max by (share) (ragflow_sidecar_serve_percent)", "{{share}}"),),
+            "percent",
+            width=6,
+            min=0,
+            max=100,
+        ),
+        Graph(
+            "Failure rate per path",
+            "Failed over finished served tasks per path, over the last 5 minutes (0 when "
+            "none finished). The gate rolls back when kafka exceeds redis by more than "
+            "GATE_MAX_FAILURE_DELTA_PP.",
+            (Query("max by (path) (ragflow_sidecar_served_failure_percent)", "{{path}}"),),
+            "percent",
+            width=6,
+            min=0,
+        ),
+        Graph(
+            "Processing p99 per path",
+            "p99 of served tasks' processing time per path over the last 5 minutes, as "
+            "coarse as ragflow_mq's buckets (0 without a sample). The gate rolls back "
+            "above GATE_MAX_P99_RATIO times redis's.",
+            (Query(f"max by (path) ({_SERVED_P99})", "{{path}}"),),
+            "ms",
+            width=6,
+        ),
+        Graph(
+            "Served tasks per path",
+            "Tasks RAGFlow started, finished and failed per second, per path.",
+            (Query(f"max by (path, event) ({rate(_SERVED_TASKS)})", "{{path}}: {{event}}"),),
+            "ops",
+            width=6,
+        ),
+    ],
+)
+
+ROWS = (MIGRATION_STATE, VERDICT_ROW, LATENCY, LAG_AND_THROUGHPUT, SERVED_SHARE)
+
+
+def overview() -> builders.Dashboard:
+    """The overview dashboard, Grafana's home dashboard in compose."""
+    dash = (
+        dashboard(
+            "RAGFlow Kafka sidecar: shadow migration overview",
+            OVERVIEW_UID,
+            "Redis Streams to Kafka shadow migration: share of traffic on Kafka, verdicts, "
+            "latency of both paths, lag, dead letters and component health.",
+            since="now-1h",
+            refresh="30s",
+        )
+        .tooltip(model.DashboardCursorSync.CROSSHAIR)
+        .link(
+            link(
+                "Diff drill-down",
+                f"/d/{DRILL_DOWN_UID}",
+                "Which fields, task types and comparators mismatch, with traces",
+            )
+        )
+    )
+    return with_rows(dash, ROWS)

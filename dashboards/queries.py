@@ -1,0 +1,120 @@
+"""What the dashboards' panels ask: the data sources, PromQL and TraceQL helpers, Explore URLs.
+
+Data sources are referenced by uid: ``prometheus`` and ``tempo``, the uids the compose
+provisioning gives them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import NamedTuple
+from urllib.parse import quote
+
+from grafana_foundation_sdk.builders import prometheus
+from grafana_foundation_sdk.cog.builder import Builder
+from grafana_foundation_sdk.cog.variants import Dataquery
+from grafana_foundation_sdk.models import dashboard as model
+from grafana_foundation_sdk.models.prometheus import PromQueryFormat
+
+PROMETHEUS = model.DataSourceRef(type_val="prometheus", uid="prometheus")
+TEMPO = model.DataSourceRef(type_val="tempo", uid="tempo")
+
+OVERVIEW_UID = "ragflow-sidecar-overview"
+DRILL_DOWN_UID = "ragflow-sidecar-diff-drill-down"
+
+# The match rate a migration step must hold before the share goes up (a line on the panels).
+MATCH_RATE_TARGET = 99.9
+MISMATCH_TRACES = '{ span.verdict = "mismatch" }'
+
+RATE = "$__rate_interval"
+RANGE = "$__range"
+# Final verdicts only: a duplicate verdict comes in addition to its entry's final verdict.
+FINAL = 'verdict!="duplicate"'
+VERDICTS = "ragflow_sidecar_verdicts_total"
+
+
+class Query(NamedTuple):
+    """A PromQL expression and the legend of its series."""
+
+    expr: str
+    legend: str
+
+
+def rate(metric: str, window: str = RATE) -> str:
+    return f"rate({metric}[{window}])"
+
+
+def increase(metric: str, window: str = RANGE) -> str:
+    return f"increase({metric}[{window}])"
+
+
+def quantile(q: float, histogram: str, by: str = "") -> str:
+    """``histogram_quantile`` over a histogram's ``_bucket`` series, per ``by`` labels."""
+    labels = ", ".join(["le", *([by] if by else [])])
+    return f"histogram_quantile({q}, sum by ({labels}) ({rate(histogram + '_bucket')}))"
+
+
+def p50_p99(histogram: str, by: str = "") -> tuple[Query, Query]:
+    """The p50 and p99 queries of a histogram, per ``by`` label."""
+    suffix = f" {{{{{by}}}}}" if by else ""
+    return (
+        Query(quantile(0.5, histogram, by), f"p50{suffix}"),
+        Query(quantile(0.99, histogram, by), f"p99{suffix}"),
+    )
+
+
+def match_rate(window: Callable[[str], str]) -> str:
+    """Per cent of final verdicts that are ``match``; 0 (not no data) when there is none."""
+    matches = window(VERDICTS + '{verdict="match"}')
+    finals = window(VERDICTS + "{" + FINAL + "}")
+    return f"100 * (sum({matches}) or vector(0)) / sum({finals})"
+
+
+def or_zero(expr: str) -> str:
+    """The sum of ``expr``, 0 (not no data) when it has no series."""
+    return f"sum({expr}) or vector(0)"
+
+
+def target(
+    query: Query, ref: str = "A", *, instant: bool = False, table: bool = False
+) -> prometheus.Dataquery:
+    """A Prometheus target; ``instant`` for a value over the range, ``table`` for a table."""
+    built = (
+        prometheus.Dataquery()
+        .datasource(PROMETHEUS)
+        .ref_id(ref)
+        .expr(query.expr)
+        .legend_format(query.legend)
+    )
+    if table:
+        return built.instant().format(PromQueryFormat.TABLE)
+    return built.instant() if instant else built.range()
+
+
+def refs(queries: tuple[Query, ...], *, instant: bool = False) -> list[Builder[Dataquery]]:
+    """The targets of a panel's queries, lettered A, B, C... in order."""
+    return [
+        target(query, chr(ord("A") + index), instant=instant) for index, query in enumerate(queries)
+    ]
+
+
+def explore_url(datasource: model.DataSourceRef, tempo_query: str, start: str, end: str) -> str:
+    """A Grafana Explore URL running ``tempo_query``; Grafana's ``${...}`` variables in it
+    are left unescaped, so a data link interpolates them."""
+    pane = {
+        "datasource": datasource.uid,
+        "queries": [
+            {
+                "refId": "A",
+                "datasource": {"type": datasource.type_val, "uid": datasource.uid},
+                "queryType": "traceql",
+                "query": tempo_query,
+            }
+        ],
+        "range": {"from": start, "to": end},
+    }
+    panes = quote(json.dumps({"trace": pane}, separators=(",", ":")), safe="")
+    for variable in ("${__value.raw}", "${__from}", "${__to}"):
+        panes = panes.replace(quote(variable, safe=""), variable)
+    return f"/explore?schemaVersion=1&orgId=1&panes={panes}"
