@@ -34,8 +34,9 @@ from sidecar.transport.dead_letter import dead_letter
 from sidecar.transport.kafka import KafkaProducer
 from sidecar.transport.lag import stream_lag
 from sidecar.transport.message import QueueMessage, decode_task, header_text
-from sidecar.transport.redis_streams import RedisStreamConsumer, translate_valkey_errors
+from sidecar.transport.redis_streams import RedisStreamConsumer
 from sidecar.transport.topics import DLQ_TOPIC, missing_topics
+from sidecar.transport.valkey_client import translate_valkey_errors
 
 logger = logging.getLogger(__name__)
 
