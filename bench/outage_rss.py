@@ -27,9 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -38,14 +36,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import valkey
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from bench_common import bench_stack, environment_without_sidecar_settings, loadavg
+from bench_common import (
+    bench_stack,
+    count_in_kafka,
+    environment_without_sidecar_settings,
+    loadavg,
+    sidecar_command,
+    stop_sidecar,
+)
 
 from sidecar.config import Settings
 from sidecar.dev.local_stack import LocalStack
 from sidecar.dev.samples import ragflow_tasks
 from sidecar.transport.message import encode_task
-from sidecar.transport.topics import DLQ_TOPIC, TASK_TOPICS, TOPIC_PLAN, init_topics
+from sidecar.transport.topics import init_topics
 
 BATCH = 500
 GROUP = "bench_outage_mirror"
@@ -171,46 +175,6 @@ def wait_drained(
     raise RuntimeError(f"not drained in {timeout_s:.0f} s: (lag, pending) = {state}")
 
 
-async def count_in_kafka(bootstrap: str, stream: str) -> tuple[int, int]:
-    """(records, distinct x-redis-id) in the task topics and the DLQ that came from ``stream``.
-
-    Read without a group from the beginning to the end offsets taken at the start.
-    """
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False
-    )
-    await consumer.start()
-    try:
-        parts = [
-            TopicPartition(topic, partition)
-            for topic in (*TASK_TOPICS, DLQ_TOPIC)
-            for partition in range(TOPIC_PLAN[topic])
-        ]
-        consumer.assign(parts)
-        await consumer.seek_to_beginning(*parts)
-        ends = await consumer.end_offsets(parts)
-        wanted = stream.encode()
-        records = 0
-        ids: set[bytes] = set()
-        while [tp for tp, end in ends.items() if await consumer.position(tp) < end]:
-            fetched = await consumer.getmany(timeout_ms=1000, max_records=10_000)
-            for batch in fetched.values():
-                for record in batch:
-                    headers = dict(record.headers)
-                    if headers.get("x-redis-stream") == wanted:
-                        records += 1
-                        ids.add(headers["x-redis-id"])
-        return records, len(ids)
-    finally:
-        await consumer.stop()
-
-
-def sidecar_command(command: str) -> list[str]:
-    script = Path(sys.executable).with_name("ragflow-sidecar")
-    base = [str(script)] if script.exists() else [sys.executable, "-m", "sidecar"]
-    return [*base, command]
-
-
 def start_sidecar(
     stack: LocalStack, command: str, stream: str, log: Path, request_timeout_ms: int | None
 ) -> subprocess.Popen[bytes]:
@@ -237,17 +201,6 @@ def start_sidecar(
         return subprocess.Popen(
             sidecar_command(command), env=env, stdout=out, stderr=out, stdin=subprocess.DEVNULL
         )
-
-
-def stop_sidecar(process: subprocess.Popen[bytes]) -> int:
-    """SIGTERM, and SIGKILL if it has not exited in 60 s; returns the exit code."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            return process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-    return process.wait()
 
 
 @dataclass

@@ -37,7 +37,8 @@ from sidecar.cli.reconcile import reconcile
 from sidecar.config import Settings
 from sidecar.config.routing import RouteTable
 from sidecar.errors import MessageDecodeError
-from sidecar.mirror.mirror import MAX_REQUEST_BYTES, Mirror
+from sidecar.mirror.mirror import Mirror
+from sidecar.mirror.records import MAX_REQUEST_BYTES
 from sidecar.transport import KafkaConsumer
 from sidecar.transport.dead_letter import dead_letter
 from sidecar.transport.message import decode_task

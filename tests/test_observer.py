@@ -16,7 +16,7 @@ import valkey.asyncio as avalkey
 from valkey import exceptions as valkey_errors
 
 from sidecar.config import Secret, Settings
-from sidecar.observer.observer import COMMANDS_USED, PrimaryDelivery, PrimaryObserver
+from sidecar.observer import COMMANDS_USED, PrimaryDelivery, PrimaryObserver
 from tests.mirror_support import RAGFLOW_GROUP, group_state, ragflow_tasks
 
 CONSUMER = "task_executor_x_0"

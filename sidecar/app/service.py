@@ -27,7 +27,7 @@ from sidecar.config import Settings
 from sidecar.errors import SidecarError
 from sidecar.lifecycle import Lifecycle
 from sidecar.mirror.mirror import Mirror, RecordTransform
-from sidecar.observer.observer import PrimaryDelivery, PrimaryObserver
+from sidecar.observer import PrimaryDelivery, PrimaryObserver
 from sidecar.serve.served_metrics import ServedEvidencePoller, register_served_metrics
 from sidecar.shadow.handlers import NamedHandler, load_handler
 from sidecar.shadow.replay import ControlRecorder

@@ -20,6 +20,7 @@ from sidecar.cli.diffs import render_diffs
 from sidecar.cli.reconcile import reconcile, render_json, render_report
 from sidecar.cli.roundtrip import round_trip
 from sidecar.cli.status import collect_status, render_status
+from sidecar.clock import now_ms
 from sidecar.config import Settings
 from sidecar.errors import SidecarError
 from sidecar.mirror.mirror import Mirror
@@ -30,9 +31,9 @@ from sidecar.serve.gate import render_table as render_gate_table
 from sidecar.serve.gate_checks import ROLLBACK
 from sidecar.telemetry.health import Health, HealthServer
 from sidecar.transport.kafka import KafkaProducer, check_login
-from sidecar.transport.redis_streams import ping
 from sidecar.transport.topics import init_topics
-from sidecar.verdicts.reader import now_ms, parse_since, read_verdicts
+from sidecar.transport.valkey_client import ping
+from sidecar.verdicts.reader import parse_since, read_verdicts
 
 logger = logging.getLogger("sidecar.cli.main")
 

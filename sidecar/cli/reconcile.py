@@ -31,10 +31,11 @@ from sidecar.config.routing import RouteTable
 from sidecar.config.traffic import in_traffic_share
 from sidecar.errors import ConfigError, MessageDecodeError
 from sidecar.transport.message import decode_task, header_text
-from sidecar.transport.redis_streams import MESSAGE_FIELD, create_client, translate_valkey_errors
+from sidecar.transport.redis_streams import MESSAGE_FIELD
 from sidecar.transport.served import is_served
 from sidecar.transport.topic_reader import read_topics
 from sidecar.transport.topics import DLQ_TOPIC
+from sidecar.transport.valkey_client import create_client, translate_valkey_errors
 
 __all__ = [
     "OrderViolation",

@@ -19,11 +19,12 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from sidecar.config import Settings
 from sidecar.observer.observer import RAGFLOW_GROUP
+from sidecar.text import as_text
 from sidecar.transport.admin import group_offsets, topic_partitions
 from sidecar.transport.kafka import translate_kafka_errors
 from sidecar.transport.lag import stream_lag
-from sidecar.transport.redis_streams import create_client, translate_valkey_errors
 from sidecar.transport.topics import DLQ_TOPIC, TASK_TOPICS
+from sidecar.transport.valkey_client import create_client, translate_valkey_errors
 from sidecar.verdicts.model import VERDICT_COUNTS_KEY, VERDICTS
 
 logger = logging.getLogger(__name__)
@@ -114,7 +115,7 @@ async def _valkey_side(settings: Settings) -> tuple[list[StreamStatus], dict[str
 
 
 async def _stream_status(client: valkey.Valkey, stream: str, mirror_group: str) -> StreamStatus:
-    key_type = _text(await client.type(stream))
+    key_type = as_text(await client.type(stream))
     if key_type == "none":
         return StreamStatus(stream, False, None, None, None, None)
     if key_type != "stream":
@@ -123,7 +124,7 @@ async def _stream_status(client: valkey.Valkey, stream: str, mirror_group: str) 
     length = int(await client.xlen(stream))
     pending = None
     for info in await client.xinfo_groups(stream):
-        if _text(info.get("name")) == RAGFLOW_GROUP:
+        if as_text(info.get("name")) == RAGFLOW_GROUP:
             pending = int(info.get("pending") or 0)
     ragflow_lag = await stream_lag(client, stream, RAGFLOW_GROUP) if pending is not None else None
     mirror_lag = await stream_lag(client, stream, mirror_group)
@@ -134,9 +135,9 @@ def _counts(raw: dict[Any, Any]) -> dict[str, int]:
     counts: dict[str, int] = dict.fromkeys(VERDICTS, 0)
     for name, value in raw.items():
         try:
-            counts[_text(name)] = int(value)
+            counts[as_text(name)] = int(value)
         except ValueError:
-            logger.warning("verdict count %s is not a number: %r", _text(name), value)
+            logger.warning("verdict count %s is not a number: %r", as_text(name), value)
     return counts
 
 
@@ -206,10 +207,6 @@ def _topic_status(
         committed_partitions=len(done),
         lag=lag,
     )
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def render_status(report: StatusReport) -> str:

@@ -14,9 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 
 from sidecar.config import Settings
 from sidecar.config.routing import RouteTable
@@ -28,14 +26,16 @@ from sidecar.errors import (
     SidecarError,
 )
 from sidecar.lifecycle import Lifecycle
+from sidecar.mirror.records import MAX_REQUEST_BYTES, entry_dead_letter, per_stream_headers
+from sidecar.mirror.stats import MirrorStats
 from sidecar.telemetry.tracing import MirrorBatchTrace, Tracing
 from sidecar.transport.base import OutgoingMessage, SendResult
-from sidecar.transport.dead_letter import dead_letter
 from sidecar.transport.kafka import KafkaProducer
 from sidecar.transport.lag import stream_lag
 from sidecar.transport.message import QueueMessage, decode_task, header_text
-from sidecar.transport.redis_streams import RedisStreamConsumer, translate_valkey_errors
+from sidecar.transport.redis_streams import RedisStreamConsumer
 from sidecar.transport.topics import DLQ_TOPIC, missing_topics
+from sidecar.transport.valkey_client import translate_valkey_errors
 
 logger = logging.getLogger(__name__)
 
@@ -46,35 +46,8 @@ AfterProduce = Callable[[list[tuple[QueueMessage, OutgoingMessage]]], Awaitable[
 RecordTransform = Callable[[QueueMessage, OutgoingMessage], list[OutgoingMessage]]
 
 RAGFLOW_GROUPS = ("rag_flow_svr_task_broker", "rag_flow_svr_consumer_group")
-MAX_REQUEST_BYTES = 1_048_576  # aiokafka's default max_request_size, kept explicit
-SCHEMA_VERSION = b"1"
 BACKOFF_INITIAL_S = 0.5
 BACKOFF_MAX_S = 30.0
-
-
-@dataclass
-class MirrorStats:
-    """Counters since start; the metrics exporter reads these."""
-
-    read: int = 0
-    mirrored: Counter[str] = field(default_factory=Counter)  # by topic
-    routes: Counter[tuple[str, str]] = field(default_factory=Counter)  # by (stream, topic)
-    skipped: Counter[str] = field(default_factory=Counter)  # by reason
-    dead_lettered: Counter[str] = field(default_factory=Counter)  # by reason
-    unknown_task_types: Counter[str] = field(default_factory=Counter)
-    produce_retries: int = 0
-    batches: int = 0
-    turns: int = 0  # of the loop: the liveness probe's sign of life
-    # XADD (the entry id's milliseconds) to Kafka's ack, for the latest records mirrored.
-    latency_ms: deque[int] = field(default_factory=lambda: deque(maxlen=100_000))
-
-    def summary(self) -> str:
-        return (
-            f"read={self.read} mirrored={sum(self.mirrored.values())} "
-            f"skipped={sum(self.skipped.values())} "
-            f"dead_lettered={sum(self.dead_lettered.values())} "
-            f"unknown_types={sum(self.unknown_task_types.values())} retries={self.produce_retries}"
-        )
 
 
 class Mirror(Lifecycle):
@@ -253,7 +226,7 @@ class Mirror(Lifecycle):
             if not isinstance(task_id, str) or not task_id:
                 raise MessageDecodeError("no_task_id", "the task has no string 'id'")
         except MessageDecodeError as exc:
-            return self._dead_letter(message, exc.reason, exc.detail)
+            return entry_dead_letter(message, exc.reason, exc.detail)
         priority = 1 if message.topic in self._priority_streams else 0
         route = self.routes.route(task, priority)
         if not route.known_type:
@@ -266,7 +239,7 @@ class Mirror(Lifecycle):
         tenant = task.get("tenant_id")
         stream_headers = self._stream_headers.get(message.topic)
         if stream_headers is None:
-            stream_headers = self._stream_headers[message.topic] = _stream_headers(
+            stream_headers = self._stream_headers[message.topic] = per_stream_headers(
                 message.topic, priority
             )
         priority_header, source, retry_count, schema, redis_stream = stream_headers
@@ -290,7 +263,7 @@ class Mirror(Lifecycle):
             # headers are UTF-8 (RAGFlow's MySQL refuses it too). It used to stop the mirror.
             bad = exc.object[exc.start : exc.end]
             detail = f"a lone surrogate {bad!r} in the task's id, type, tenant or routing key"
-            return self._dead_letter(message, "not_unicode", detail)
+            return entry_dead_letter(message, "not_unicode", detail)
         traceparent = message.header("traceparent")
         if trace is not None:
             traceparent = trace.send(message, route.topic, task_id, route.task_type, traceparent)
@@ -298,29 +271,6 @@ class Mirror(Lifecycle):
             headers.append(("traceparent", traceparent))
         assert message.value is not None  # payload decoded, so the field exists
         return OutgoingMessage(route.topic, message.value, key=route.key, headers=headers)
-
-    def _dead_letter(self, message: QueueMessage, reason: str, detail: str) -> OutgoingMessage:
-        # An entry without a 'message' field keeps its other fields, byte for byte, as headers.
-        # Header names are UTF-8: a field name that is not (kept by surrogateescape) is named
-        # by its bytes' backslash escapes, as an unencodable name stopped the mirror.
-        fields = tuple(
-            (
-                "x-redis-field-"
-                + name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace"),
-                value,
-            )
-            for name, value in message.headers
-        )
-        return dead_letter(
-            reason=reason,
-            detail=detail,
-            value=message.value,
-            stream=message.topic,
-            entry_id=message.id,
-            stage="mirror",
-            max_value_bytes=MAX_REQUEST_BYTES,
-            extra_headers=fields if message.value is None else (),
-        )
 
     async def _produce(
         self,
@@ -359,7 +309,7 @@ class Mirror(Lifecycle):
                         if trace is not None:
                             trace.sent(message, outcome)
                 elif isinstance(outcome, MessageTooLargeError) and record.destination != DLQ_TOPIC:
-                    retry.append((message, self._dead_letter(message, "too_large", str(outcome))))
+                    retry.append((message, entry_dead_letter(message, "too_large", str(outcome))))
                 elif outcome.retriable:
                     retry.append((message, record))
                     transient += 1
@@ -410,17 +360,6 @@ class Mirror(Lifecycle):
         group = self.settings.mirror.group
         with translate_valkey_errors("read the lag", self.settings.redis.display_url):
             return {s: await stream_lag(client, s, group) for s in self.settings.mirror.streams}
-
-
-def _stream_headers(stream: str, priority: int) -> tuple[tuple[str, bytes], ...]:
-    """The headers every record from ``stream`` carries, built once per stream."""
-    return (
-        ("x-priority", str(priority).encode()),
-        ("x-source", f"redis:{stream}".encode()),
-        ("x-retry-count", b"0"),
-        ("x-schema-version", SCHEMA_VERSION),
-        ("x-redis-stream", stream.encode()),
-    )
 
 
 async def _wait(stop: asyncio.Event | None, seconds: float) -> bool:

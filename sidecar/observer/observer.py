@@ -3,7 +3,7 @@
 RAGFlow's task executors read ``te.1.common``/``te.0.common`` in ``rag_flow_svr_task_broker``
 and XACK when done. The observer never joins that group: it only looks at it, so the Redis
 path's queue wait (enqueue to delivery) and processing time (delivery to ack) can be set beside
-the Kafka path's. Commands are in :data:`COMMANDS_USED`; none of them changes the group.
+the Kafka path's. Commands are in :data:`.reads.COMMANDS_USED`; none of them changes the group.
 
 Each round, per stream:
 
@@ -55,123 +55,44 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import valkey.asyncio as valkey
 
+from sidecar.clock import now_ms
 from sidecar.config import Settings
-from sidecar.errors import MessageQueueError, SidecarError
+from sidecar.errors import SidecarError
 from sidecar.lifecycle import Lifecycle
+from sidecar.observer.reads import GroupGone, GroupReader
+from sidecar.observer.state import (
+    Pending,
+    PrimaryDelivery,
+    StreamState,
+    Tracked,
+    inferred_delivery,
+    tracked_delivery,
+)
+from sidecar.observer.stream_ids import (
+    IdRange,
+    StreamId,
+    format_stream_id,
+    in_ranges,
+    in_ranges_all,
+    parse_stream_id,
+)
 from sidecar.transport.options import RedisSettings
-from sidecar.transport.redis_streams import create_client, translate_valkey_errors
+from sidecar.transport.valkey_client import create_client
 
 logger = logging.getLogger(__name__)
 
 RAGFLOW_GROUP = "rag_flow_svr_task_broker"
 
-# Every command the observer's connection sends, for an ACL such as
-# ``+xinfo|groups +xpending +xrange +select``. SELECT is the client's own: RAGFlow's queue is
-# in db 1. valkey-py also tries CLIENT SETINFO on connect and ignores a refusal.
-COMMANDS_USED: tuple[str, ...] = ("XINFO GROUPS", "XPENDING", "XRANGE", "SELECT")
-
 DEFAULT_PAGE_SIZE = 1000
 DEFAULT_MAX_PER_ROUND = 10_000
 DEFAULT_MAX_TRACKED = 100_000
 
-StreamId = tuple[int, int]
-# (exclusive low, inclusive high); None is an open end.
-_Range = tuple[StreamId | None, StreamId | None]
-
 OnDelivery = Callable[["PrimaryDelivery"], Awaitable[None]]
-
-
-@dataclass(frozen=True, slots=True)
-class PrimaryDelivery:
-    """What the observer knows of one entry's delivery in RAGFlow's group."""
-
-    stream: str
-    entry_id: str
-    enqueued_ms: int
-    delivered_ms: int | None
-    consumer: str | None
-    deliveries: int
-    acked_ms: int | None
-    exact: bool
-
-    @property
-    def queue_wait_ms(self) -> int | None:
-        """Enqueue to (first known) delivery; an upper bound when not ``exact``."""
-        if self.delivered_ms is None:
-            return None
-        return self.delivered_ms - self.enqueued_ms
-
-    @property
-    def processing_ms(self) -> int | None:
-        """Delivery to ack; None until acked, or when both fell between two rounds."""
-        if self.acked_ms is None or self.delivered_ms is None or not self.exact:
-            return None
-        return self.acked_ms - self.delivered_ms
-
-
-def parse_stream_id(raw: bytes | str) -> StreamId:
-    """``b"1700000000000-3"`` as ``(1700000000000, 3)``, for ordering."""
-    text = raw.decode("ascii") if isinstance(raw, bytes) else raw
-    millis, _, seq = text.partition("-")
-    return int(millis), int(seq or 0)
-
-
-def format_stream_id(sid: StreamId) -> str:
-    return f"{sid[0]}-{sid[1]}"
-
-
-def _text(raw: Any) -> str:
-    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def _in_ranges(sid: StreamId, ranges: Sequence[_Range]) -> bool:
-    return any((lo is None or sid > lo) and (hi is None or sid <= hi) for lo, hi in ranges)
-
-
-class _GroupGone(Exception):
-    """The stream or group disappeared in the middle of a round."""
-
-
-@dataclass(slots=True)
-class _Pending:
-    consumer: str
-    deliveries: int
-    delivered_ms: int  # reply time minus idle: the latest delivery
-
-
-@dataclass(slots=True)
-class _Tracked:
-    delivered_ms: int
-    consumer: str
-    deliveries: int
-
-
-@dataclass(slots=True)
-class _StreamState:
-    cursor: StreamId | None = None  # last-delivered-id at the previous round; None: no baseline
-    tracked: dict[StreamId, _Tracked] = field(default_factory=dict)
-    reported_ahead: set[StreamId] = field(default_factory=set)
-    scan_from: StreamId | None = None  # where a pending scan cut short by the cap goes on
-    absent: bool = False  # stream or group missing, already logged
-
-    def forget(self) -> int:
-        dropped = len(self.tracked)
-        self.cursor = None
-        self.tracked.clear()
-        self.reported_ahead.clear()
-        self.scan_from = None
-        return dropped
 
 
 class PrimaryObserver(Lifecycle):
@@ -206,7 +127,7 @@ class PrimaryObserver(Lifecycle):
         self._max_per_round = max_per_round
         self._max_tracked = max_tracked
         self._where = settings.display_url
-        self._states: dict[str, _StreamState] = {s: _StreamState() for s in self.streams}
+        self._states: dict[str, StreamState] = {s: StreamState() for s in self.streams}
         self._round_lock = asyncio.Lock()
         self._warned_full = False
 
@@ -232,7 +153,7 @@ class PrimaryObserver(Lifecycle):
         if self._client is None:
             # A bounded socket timeout keeps a hung server from stalling a round forever.
             self._client = create_client(self.settings, socket_timeout=10)
-        self._states = {s: _StreamState() for s in self.streams}
+        self._states = {s: StreamState() for s in self.streams}
         try:
             await self._round()  # the baseline: reports nothing
         except BaseException:
@@ -251,7 +172,7 @@ class PrimaryObserver(Lifecycle):
     def pending(self) -> list[PrimaryDelivery]:
         """The entries tracked as delivered and not acked yet, as last seen."""
         return [
-            self._record(stream, sid, entry, acked_ms=None)
+            tracked_delivery(stream, sid, entry, acked_ms=None)
             for stream, state in self._states.items()
             for sid, entry in sorted(state.tracked.items())
         ]
@@ -326,15 +247,18 @@ class PrimaryObserver(Lifecycle):
         except Exception:
             logger.exception("on_delivery failed for %s %s", record.stream, record.entry_id)
 
-    async def _observe(self, stream: str, state: _StreamState) -> list[PrimaryDelivery]:
+    async def _observe(self, stream: str, state: StreamState) -> list[PrimaryDelivery]:
         try:
             return await self._observe_group(stream, state)
-        except _GroupGone:
+        except GroupGone:
             # Gone between XINFO and XPENDING: change nothing, the next round sees it missing.
             return []
 
-    async def _observe_group(self, stream: str, state: _StreamState) -> list[PrimaryDelivery]:
-        info = await self._group_info(stream)
+    async def _observe_group(self, stream: str, state: StreamState) -> list[PrimaryDelivery]:
+        reader = GroupReader(
+            self.client, self.group, self._where, self._page_size, self._max_per_round
+        )
+        info = await reader.group_info(stream)
         if info is None:
             dropped = state.forget()
             if dropped:
@@ -365,13 +289,13 @@ class PrimaryObserver(Lifecycle):
             state.forget()
 
         # What is pending now, and which id ranges that answer covers.
-        ranges: list[_Range] = []
-        pending: dict[StreamId, _Pending] = {}
+        ranges: list[IdRange] = []
+        pending: dict[StreamId, Pending] = {}
         if int(info.get("pending") or 0) == 0:
             ranges.append((None, None))  # pending count and last id are one snapshot
             state.scan_from = None
         else:
-            found, covered_to = await self._scan_pending(stream, state.scan_from, None)
+            found, covered_to = await reader.scan_pending(stream, state.scan_from, None)
             pending.update(found)
             ranges.append((state.scan_from, covered_to))
             state.scan_from = covered_to
@@ -385,10 +309,10 @@ class PrimaryObserver(Lifecycle):
         cursor = state.cursor
         delivered: list[StreamId] = []
         if last > cursor:
-            delivered, complete = await self._delivered_between(stream, cursor, last)
+            delivered, complete = await reader.delivered_between(stream, cursor, last)
             new_cursor = last if complete or not delivered else delivered[-1]
-            if delivered and not _in_ranges_all(cursor, delivered[-1], ranges):
-                found, covered_to = await self._scan_pending(stream, cursor, delivered[-1])
+            if delivered and not in_ranges_all(cursor, delivered[-1], ranges):
+                found, covered_to = await reader.scan_pending(stream, cursor, delivered[-1])
                 pending.update(found)
                 ranges.append((cursor, covered_to))
                 if covered_to is not None and covered_to < delivered[-1]:
@@ -397,30 +321,18 @@ class PrimaryObserver(Lifecycle):
         else:
             new_cursor = cursor
 
-        now = _now_ms()
+        now = now_ms()
         records: list[PrimaryDelivery] = []
         for sid in delivered:
             if sid in state.tracked or sid in state.reported_ahead or sid in pending:
                 continue
             # Delivered and acked between two rounds: only the cursor moving shows it.
-            when = max(now, sid[0])
-            records.append(
-                PrimaryDelivery(
-                    stream=stream,
-                    entry_id=format_stream_id(sid),
-                    enqueued_ms=sid[0],
-                    delivered_ms=when,
-                    consumer=None,
-                    deliveries=1,
-                    acked_ms=when,
-                    exact=False,
-                )
-            )
+            records.append(inferred_delivery(stream, sid, now))
         for sid, seen in pending.items():
             self._track(stream, state, sid, seen)
-        for sid in [s for s in state.tracked if s not in pending and _in_ranges(s, ranges)]:
+        for sid in [s for s in state.tracked if s not in pending and in_ranges(s, ranges)]:
             entry = state.tracked.pop(sid)
-            records.append(self._record(stream, sid, entry, acked_ms=now))
+            records.append(tracked_delivery(stream, sid, entry, acked_ms=now))
             if sid > new_cursor:
                 state.reported_ahead.add(sid)
         state.cursor = new_cursor
@@ -428,7 +340,7 @@ class PrimaryObserver(Lifecycle):
         records.sort(key=lambda r: parse_stream_id(r.entry_id))
         return records
 
-    def _track(self, stream: str, state: _StreamState, sid: StreamId, seen: _Pending) -> None:
+    def _track(self, stream: str, state: StreamState, sid: StreamId, seen: Pending) -> None:
         entry = state.tracked.get(sid)
         if entry is not None:
             entry.consumer = seen.consumer
@@ -445,93 +357,11 @@ class PrimaryObserver(Lifecycle):
                     format_stream_id(sid),
                 )
             return
-        state.tracked[sid] = _Tracked(
+        state.tracked[sid] = Tracked(
             delivered_ms=max(seen.delivered_ms, sid[0]),
             consumer=seen.consumer,
             deliveries=seen.deliveries,
         )
-
-    @staticmethod
-    def _record(
-        stream: str, sid: StreamId, entry: _Tracked, acked_ms: int | None
-    ) -> PrimaryDelivery:
-        return PrimaryDelivery(
-            stream=stream,
-            entry_id=format_stream_id(sid),
-            enqueued_ms=sid[0],
-            delivered_ms=entry.delivered_ms,
-            consumer=entry.consumer,
-            deliveries=max(entry.deliveries, 1),
-            acked_ms=None if acked_ms is None else max(acked_ms, entry.delivered_ms),
-            exact=True,
-        )
-
-    async def _group_info(self, stream: str) -> dict[str, Any] | None:
-        try:
-            with translate_valkey_errors(f"XINFO GROUPS {stream}", self._where):
-                groups = await self.client.xinfo_groups(stream)
-        except MessageQueueError as exc:
-            if "no such key" in str(exc).lower():
-                return None
-            raise
-        for info in groups:
-            if _text(info.get("name")) == self.group:
-                return dict(info)
-        return None
-
-    async def _scan_pending(
-        self, stream: str, after: StreamId | None, upto: StreamId | None
-    ) -> tuple[dict[StreamId, _Pending], StreamId | None]:
-        """Pending entries in (after, upto]; and how far that got: None when to ``upto``."""
-        found: dict[StreamId, _Pending] = {}
-        start = "-" if after is None else f"({format_stream_id(after)}"
-        end = "+" if upto is None else format_stream_id(upto)
-        while True:
-            count = min(self._page_size, self._max_per_round - len(found))
-            try:
-                with translate_valkey_errors(f"XPENDING {stream}", self._where):
-                    page = await self.client.xpending_range(stream, self.group, start, end, count)
-            except MessageQueueError as exc:
-                if "NOGROUP" in str(exc):
-                    raise _GroupGone from exc
-                raise
-            replied_ms = _now_ms()
-            for item in page:
-                sid = parse_stream_id(item["message_id"])
-                found[sid] = _Pending(
-                    consumer=_text(item["consumer"]),
-                    deliveries=int(item["times_delivered"]),
-                    delivered_ms=replied_ms - int(item["time_since_delivered"]),
-                )
-            if len(page) < count:
-                return found, upto
-            last = parse_stream_id(page[-1]["message_id"])
-            if len(found) >= self._max_per_round:
-                return found, last
-            start = f"({format_stream_id(last)}"
-
-    async def _delivered_between(
-        self, stream: str, after: StreamId, upto: StreamId
-    ) -> tuple[list[StreamId], bool]:
-        """Entry ids in (after, upto], and whether all of them fitted under the cap."""
-        ids: list[StreamId] = []
-        start = f"({format_stream_id(after)}"
-        end = format_stream_id(upto)
-        while True:
-            count = min(self._page_size, self._max_per_round - len(ids))
-            with translate_valkey_errors(f"XRANGE {stream}", self._where):
-                page = await self.client.xrange(stream, min=start, max=end, count=count)
-            ids += [parse_stream_id(entry_id) for entry_id, _ in page]
-            if len(page) < count:
-                return ids, True
-            if len(ids) >= self._max_per_round:
-                return ids, False
-            start = f"({format_stream_id(ids[-1])}"
-
-
-def _in_ranges_all(after: StreamId, upto: StreamId, ranges: Sequence[_Range]) -> bool:
-    """Whether one of ``ranges`` holds all of (after, upto]."""
-    return any((lo is None or lo <= after) and (hi is None or hi >= upto) for lo, hi in ranges)
 
 
 async def _unless_stopped(work: Awaitable[Any], stop: asyncio.Event) -> bool:

@@ -36,9 +36,10 @@ from sidecar.transport.admin import topic_partitions
 from sidecar.transport.dead_letter import dead_letter
 from sidecar.transport.kafka import KafkaConsumer, KafkaProducer, translate_kafka_errors
 from sidecar.transport.message import QueueMessage
-from sidecar.transport.redis_streams import MESSAGE_FIELD, create_client, translate_valkey_errors
+from sidecar.transport.redis_streams import MESSAGE_FIELD
 from sidecar.transport.served import is_served, served_queue, target_stream
 from sidecar.transport.topics import DLQ_TOPIC
+from sidecar.transport.valkey_client import create_client, translate_valkey_errors
 
 logger = logging.getLogger(__name__)
 

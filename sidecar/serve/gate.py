@@ -39,7 +39,7 @@ from sidecar.serve.gate_checks import (
     Judged,
     analyse,
 )
-from sidecar.transport.redis_streams import create_client, translate_valkey_errors
+from sidecar.transport.valkey_client import create_client, translate_valkey_errors
 from sidecar.verdicts.reader import VerdictReadStats, parse_since, read_verdicts
 
 logger = logging.getLogger(__name__)

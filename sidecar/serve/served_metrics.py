@@ -29,7 +29,7 @@ from sidecar.config import Settings
 from sidecar.errors import SidecarError
 from sidecar.lifecycle import Lifecycle
 from sidecar.telemetry.metrics import SidecarMetrics
-from sidecar.transport.redis_streams import create_client, translate_valkey_errors
+from sidecar.transport.valkey_client import create_client, translate_valkey_errors
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from comparators import NoiseBaseline
 from sidecar.shadow.handlers import HandlerResult, NamedHandler, TaskMeta, run_handler
 from sidecar.transport.base import OutgoingMessage
 from sidecar.transport.message import QueueMessage, decode_task, header_text
-from sidecar.transport.redis_streams import translate_valkey_errors
+from sidecar.transport.valkey_client import translate_valkey_errors
 from sidecar.verdicts.join import Arrival, EntryRef
 from sidecar.verdicts.judge import Judge, digest_or_none
 

@@ -38,8 +38,8 @@ from sidecar.shadow.replay import value_sha
 from sidecar.transport.dead_letter import dead_letter
 from sidecar.transport.kafka import KafkaConsumer, KafkaProducer
 from sidecar.transport.message import QueueMessage, header_text
-from sidecar.transport.redis_streams import translate_valkey_errors
 from sidecar.transport.served import is_served
+from sidecar.transport.valkey_client import translate_valkey_errors
 from sidecar.verdicts.join import ALIVE_PREFIX, SEEN_PREFIX, Arrival, EntryRef
 from sidecar.verdicts.judge import Judge, digest_or_none
 

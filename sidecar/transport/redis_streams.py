@@ -11,22 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 import valkey.asyncio as valkey
-from valkey import exceptions as valkey_errors
 
-from sidecar.errors import (
-    AuthenticationError,
-    MessageQueueError,
-    ServiceUnavailableError,
-    SidecarError,
-)
+from sidecar.errors import MessageQueueError, SidecarError
 from sidecar.transport.base import (
     MessageQueueConsumer,
     MessageQueueProducer,
@@ -36,77 +28,13 @@ from sidecar.transport.base import (
 from sidecar.transport.message import QueueMessage
 from sidecar.transport.options import RedisSettings
 from sidecar.transport.redelivery import DelayedRedeliveries
+from sidecar.transport.valkey_client import ClientOwner
 
 logger = logging.getLogger(__name__)
 
 MESSAGE_FIELD = b"message"
 
 Entry = tuple[bytes, dict[bytes, bytes] | None]
-
-
-def create_client(settings: RedisSettings, **overrides: Any) -> valkey.Valkey:
-    """A Valkey client on raw bytes (values must reach Kafka exactly as stored)."""
-    options: dict[str, Any] = {
-        **settings.client_kwargs(),
-        "decode_responses": False,
-        "socket_connect_timeout": 5,
-        "health_check_interval": 30,
-    }
-    options.update(overrides)
-    return valkey.Valkey(**options)
-
-
-# valkey-py prefixes an error in a pipeline with the whole command, arguments and all: task
-# bytes and join facts, kilobytes of them, that must not end up in an error line or a log.
-_PIPELINE_ERROR = re.compile(
-    r"^Command # \d+ \((?P<command>\S+).*?\) of pipeline caused error: (?P<error>.*)$", re.S
-)
-
-
-def _reason(exc: valkey_errors.ValkeyError) -> str:
-    """The server's error, without the arguments valkey-py adds to one from a pipeline."""
-    text = str(exc)
-    match = _PIPELINE_ERROR.match(text)
-    if match is None:
-        return text
-    # The error can come as the repr of a one-element tuple: ("...",).
-    error = match["error"].strip("\"'(),")
-    return f"{match['command']} in a pipeline: {error}"
-
-
-@contextmanager
-def translate_valkey_errors(action: str, where: str) -> Iterator[None]:
-    """Turn valkey-py's exceptions into the sidecar's, naming what was being done."""
-    try:
-        yield
-    except (valkey_errors.AuthenticationError, valkey_errors.AuthorizationError) as exc:
-        raise AuthenticationError(f"Valkey at {where} refused our credentials: {exc}") from exc
-    except valkey_errors.ValkeyError as exc:
-        reason = _reason(exc)
-        # A command refused inside a Lua script comes back as a plain error, not NOPERM.
-        if isinstance(exc, valkey_errors.NoPermissionError) or "ACL failure" in reason:
-            raise AuthenticationError(
-                f"Valkey at {where}: the user may not {action} ({reason}); see docs/security.md"
-            ) from exc
-        if isinstance(exc, valkey_errors.ConnectionError | valkey_errors.TimeoutError):
-            raise ServiceUnavailableError(
-                f"cannot reach Valkey at {where} to {action}: {reason}"
-            ) from exc
-        raise MessageQueueError(f"Valkey at {where} failed to {action}: {reason}") from exc
-    except OSError as exc:
-        raise ServiceUnavailableError(f"cannot reach Valkey at {where} to {action}: {exc}") from exc
-
-
-async def ping(settings: RedisSettings) -> str:
-    """Connect once and return the server's version; raises ``SidecarError`` otherwise."""
-    client = create_client(settings)
-    try:
-        with translate_valkey_errors("PING", settings.display_url):
-            await client.ping()
-            info = await client.info("server")
-        return str(info.get("valkey_version") or info.get("redis_version") or "unknown")
-    finally:
-        await client.aclose()
 
 
 def entry_to_message(
@@ -136,45 +64,13 @@ def entry_to_message(
     )
 
 
-class _ClientOwner:
-    def __init__(self, client: valkey.Valkey | None, settings: RedisSettings | None) -> None:
-        if client is None and settings is None:
-            raise ValueError("give a Valkey client or RedisSettings")
-        self._given_client = client
-        self._settings = settings
-        self._client: valkey.Valkey | None = client
-        self._where = settings.display_url if settings else "the given client"
-
-    @property
-    def client(self) -> valkey.Valkey:
-        if self._client is None:
-            raise RuntimeError("not started")
-        return self._client
-
-    @asynccontextmanager
-    async def _calls(self, action: str) -> AsyncIterator[None]:
-        with translate_valkey_errors(action, self._where):
-            yield
-
-    def _open(self) -> None:
-        if self._client is None:
-            assert self._settings is not None
-            self._client = create_client(self._settings)
-
-    async def _close(self) -> None:
-        # A client we were given belongs to the caller, who closes it.
-        if self._given_client is None and self._client is not None:
-            await self._client.aclose()
-            self._client = None
-
-
-class RedisStreamProducer(_ClientOwner, MessageQueueProducer):
+class RedisStreamProducer(ClientOwner, MessageQueueProducer):
     """``XADD <stream> * message <value>`` plus any headers as further fields."""
 
     def __init__(
         self, client: valkey.Valkey | None = None, settings: RedisSettings | None = None
     ) -> None:
-        _ClientOwner.__init__(self, client, settings)
+        ClientOwner.__init__(self, client, settings)
         MessageQueueProducer.__init__(self)
 
     async def _start(self) -> None:
@@ -206,7 +102,7 @@ class RedisStreamProducer(_ClientOwner, MessageQueueProducer):
         """XADD is acknowledged when it returns; nothing is buffered."""
 
 
-class RedisStreamConsumer(_ClientOwner, MessageQueueConsumer):
+class RedisStreamConsumer(ClientOwner, MessageQueueConsumer):
     """XREADGROUP over several streams in priority order, in one consumer group.
 
     ``group_start_id`` is where a group that does not exist yet is created (``0``: all the
@@ -232,7 +128,7 @@ class RedisStreamConsumer(_ClientOwner, MessageQueueConsumer):
     ) -> None:
         if not streams:
             raise ValueError("at least one stream is needed")
-        _ClientOwner.__init__(self, client, settings)
+        ClientOwner.__init__(self, client, settings)
         MessageQueueConsumer.__init__(self)
         self.streams = tuple(streams)
         self.group = group

@@ -40,8 +40,8 @@ from sidecar.lifecycle import Lifecycle
 from sidecar.telemetry.tracing import Tracing
 from sidecar.transport.base import OutgoingMessage
 from sidecar.transport.kafka import KafkaProducer
-from sidecar.transport.redis_streams import create_client, translate_valkey_errors
 from sidecar.transport.topics import TASK_TOPICS, VERDICTS_TOPIC
+from sidecar.transport.valkey_client import create_client, translate_valkey_errors
 from sidecar.verdicts.join import Arrival, EntryRef, JoinStore, RecordOutcome, Side
 from sidecar.verdicts.model import VerdictRecord, capped
 from sidecar.verdicts.progress import ShadowProgress

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -142,8 +141,3 @@ def parse_since(text: str, now_ms: int) -> int:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return int(moment.timestamp() * 1000)
-
-
-def now_ms() -> int:
-    """Wall-clock milliseconds, the clock ``decided_at_ms`` is written in."""
-    return int(time.time() * 1000)

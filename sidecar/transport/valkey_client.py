@@ -1,0 +1,113 @@
+"""Valkey clients for the sidecar: how they are made, and Valkey's errors as the sidecar's."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+
+import valkey.asyncio as valkey
+from valkey import exceptions as valkey_errors
+
+from sidecar.errors import AuthenticationError, MessageQueueError, ServiceUnavailableError
+from sidecar.transport.options import RedisSettings
+
+
+def create_client(settings: RedisSettings, **overrides: Any) -> valkey.Valkey:
+    """A Valkey client on raw bytes (values must reach Kafka exactly as stored)."""
+    options: dict[str, Any] = {
+        **settings.client_kwargs(),
+        "decode_responses": False,
+        "socket_connect_timeout": 5,
+        "health_check_interval": 30,
+    }
+    options.update(overrides)
+    return valkey.Valkey(**options)
+
+
+# valkey-py prefixes an error in a pipeline with the whole command, arguments and all: task
+# bytes and join facts, kilobytes of them, that must not end up in an error line or a log.
+_PIPELINE_ERROR = re.compile(
+    r"^Command # \d+ \((?P<command>\S+).*?\) of pipeline caused error: (?P<error>.*)$", re.S
+)
+
+
+def _reason(exc: valkey_errors.ValkeyError) -> str:
+    """The server's error, without the arguments valkey-py adds to one from a pipeline."""
+    text = str(exc)
+    match = _PIPELINE_ERROR.match(text)
+    if match is None:
+        return text
+    # The error can come as the repr of a one-element tuple: ("...",).
+    error = match["error"].strip("\"'(),")
+    return f"{match['command']} in a pipeline: {error}"
+
+
+@contextmanager
+def translate_valkey_errors(action: str, where: str) -> Iterator[None]:
+    """Turn valkey-py's exceptions into the sidecar's, naming what was being done."""
+    try:
+        yield
+    except (valkey_errors.AuthenticationError, valkey_errors.AuthorizationError) as exc:
+        raise AuthenticationError(f"Valkey at {where} refused our credentials: {exc}") from exc
+    except valkey_errors.ValkeyError as exc:
+        reason = _reason(exc)
+        # A command refused inside a Lua script comes back as a plain error, not NOPERM.
+        if isinstance(exc, valkey_errors.NoPermissionError) or "ACL failure" in reason:
+            raise AuthenticationError(
+                f"Valkey at {where}: the user may not {action} ({reason}); see docs/security.md"
+            ) from exc
+        if isinstance(exc, valkey_errors.ConnectionError | valkey_errors.TimeoutError):
+            raise ServiceUnavailableError(
+                f"cannot reach Valkey at {where} to {action}: {reason}"
+            ) from exc
+        raise MessageQueueError(f"Valkey at {where} failed to {action}: {reason}") from exc
+    except OSError as exc:
+        raise ServiceUnavailableError(f"cannot reach Valkey at {where} to {action}: {exc}") from exc
+
+
+async def ping(settings: RedisSettings) -> str:
+    """Connect once and return the server's version; raises ``SidecarError`` otherwise."""
+    client = create_client(settings)
+    try:
+        with translate_valkey_errors("PING", settings.display_url):
+            await client.ping()
+            info = await client.info("server")
+        return str(info.get("valkey_version") or info.get("redis_version") or "unknown")
+    finally:
+        await client.aclose()
+
+
+class ClientOwner:
+    """A client given by the caller, or one of its own made from settings at start."""
+
+    def __init__(self, client: valkey.Valkey | None, settings: RedisSettings | None) -> None:
+        if client is None and settings is None:
+            raise ValueError("give a Valkey client or RedisSettings")
+        self._given_client = client
+        self._settings = settings
+        self._client: valkey.Valkey | None = client
+        self._where = settings.display_url if settings else "the given client"
+
+    @property
+    def client(self) -> valkey.Valkey:
+        if self._client is None:
+            raise RuntimeError("not started")
+        return self._client
+
+    @asynccontextmanager
+    async def _calls(self, action: str) -> AsyncIterator[None]:
+        with translate_valkey_errors(action, self._where):
+            yield
+
+    def _open(self) -> None:
+        if self._client is None:
+            assert self._settings is not None
+            self._client = create_client(self._settings)
+
+    async def _close(self) -> None:
+        # A client we were given belongs to the caller, who closes it.
+        if self._given_client is None and self._client is not None:
+            await self._client.aclose()
+            self._client = None
