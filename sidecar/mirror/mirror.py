@@ -28,7 +28,8 @@ from sidecar.errors import (
     SidecarError,
 )
 from sidecar.lifecycle import Lifecycle
-from sidecar.telemetry.tracing import MirrorBatchTrace, Tracing
+from sidecar.mirror.trace import MirrorBatchTrace, trace_batch
+from sidecar.telemetry.tracing import Tracing
 from sidecar.transport.base import OutgoingMessage, SendResult
 from sidecar.transport.dead_letter import dead_letter
 from sidecar.transport.kafka import KafkaProducer
@@ -213,7 +214,7 @@ class Mirror(Lifecycle):
         if self._tracing.enabled:
             read = self._last_read
             read_ns = read[1:] if read is not None and read[0] is batch else None
-            trace = self._tracing.mirror_batch(batch, self.settings.mirror.group, read_ns)
+            trace = trace_batch(self._tracing, batch, self.settings.mirror.group, read_ns)
         self.stats.read += len(batch)
         self.stats.batches += 1
         outgoing: list[tuple[QueueMessage, OutgoingMessage]] = []
