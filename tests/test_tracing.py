@@ -28,21 +28,21 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from sidecar.config import Settings
 from sidecar.errors import ConfigError
+from sidecar.telemetry import export as export_module
 from sidecar.telemetry import tracing as tracing_module
-from sidecar.telemetry.tracing import (
+from sidecar.telemetry.propagation import (
     KAFKA_HEADERS_GETTER,
     KAFKA_HEADERS_SETTER,
-    REDACTED,
-    Tracing,
-    VerdictSampler,
-    diff_json,
     format_traceparent,
     parse_traceparent,
 )
+from sidecar.telemetry.sampler import VerdictSampler
+from sidecar.telemetry.tracing import Tracing
 from sidecar.transport.base import OutgoingMessage
 from sidecar.transport.message import QueueMessage, encode_task
 from sidecar.transport.topics import init_topics
 from sidecar.verdicts.model import VerdictRecord
+from sidecar.verdicts.trace import MAX_DIFF_CHARS, REDACTED, compare_span, diff_json
 from tests.mirror_support import ragflow_tasks, read_mirrored
 from tests.shadow_support import read_verdicts, running_sidecar, sidecar_settings
 
@@ -460,7 +460,7 @@ def test_diff_event_is_redacted_and_capped() -> None:
         for n in range(50)
     ]
     text = diff_json(many, ("message_dict",))
-    assert len(text) <= tracing_module.MAX_DIFF_CHARS
+    assert len(text) <= MAX_DIFF_CHARS
     capped = json.loads(text)
     assert capped[:-1] == many[: len(capped) - 1] and len(capped) > 1
     assert capped[-1] == {"omitted": 50 - (len(capped) - 1)}
@@ -520,7 +520,7 @@ async def test_http_protobuf_export() -> None:
         tracing = Tracing(settings)
         await tracing.start()
         record = VerdictRecord("missing_primary", "s", "1-0", "t", "parse", 0, "me")
-        tracing.compare(record, time.time_ns(), ({"traceparent": UPSTREAM},))
+        compare_span(tracing, record, time.time_ns(), ({"traceparent": UPSTREAM},))
         await tracing.stop()
     finally:
         server.shutdown()
@@ -533,12 +533,12 @@ async def test_http_protobuf_export() -> None:
 async def test_a_collector_that_is_away_is_logged_once_and_costs_the_caller_nothing(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(tracing_module, "EXPORT_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(export_module, "EXPORT_TIMEOUT_S", 0.5)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused
         endpoint = f"http://127.0.0.1:{sock.getsockname()[1]}"
         settings = Settings.from_env({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": endpoint}).tracing
-    caplog.set_level(logging.INFO, logger="sidecar.telemetry.tracing")
+    caplog.set_level(logging.INFO, logger="sidecar.telemetry")
     tracing = Tracing(settings)
     await tracing.start()
     assert tracing.enabled
@@ -546,7 +546,7 @@ async def test_a_collector_that_is_away_is_logged_once_and_costs_the_caller_noth
     started = time.perf_counter()
     for _ in range(3):
         for _ in range(2000):
-            tracing.compare(record, time.time_ns(), ({},))
+            compare_span(tracing, record, time.time_ns(), ({},))
         await asyncio.sleep(1.5)  # export attempts fail meanwhile
     spent = time.perf_counter() - started - 4.5
     stopping = time.perf_counter()
@@ -555,6 +555,6 @@ async def test_a_collector_that_is_away_is_logged_once_and_costs_the_caller_noth
     assert not tracing.enabled
     assert spent < 2.0, spent
     warnings = [
-        r for r in caplog.records if r.name == "sidecar.telemetry.tracing" and r.levelno >= 30
+        r for r in caplog.records if r.name.startswith("sidecar.telemetry.") and r.levelno >= 30
     ]
     assert len(warnings) == 1 and "cannot export traces" in warnings[0].getMessage()

@@ -28,7 +28,8 @@ from sidecar.errors import (
 from sidecar.lifecycle import Lifecycle
 from sidecar.mirror.records import MAX_REQUEST_BYTES, entry_dead_letter, per_stream_headers
 from sidecar.mirror.stats import MirrorStats
-from sidecar.telemetry.tracing import MirrorBatchTrace, Tracing
+from sidecar.mirror.trace import MirrorBatchTrace, trace_batch
+from sidecar.telemetry.tracing import Tracing
 from sidecar.transport.base import OutgoingMessage, SendResult
 from sidecar.transport.kafka import KafkaProducer
 from sidecar.transport.lag import stream_lag
@@ -186,7 +187,7 @@ class Mirror(Lifecycle):
         if self._tracing.enabled:
             read = self._last_read
             read_ns = read[1:] if read is not None and read[0] is batch else None
-            trace = self._tracing.mirror_batch(batch, self.settings.mirror.group, read_ns)
+            trace = trace_batch(self._tracing, batch, self.settings.mirror.group, read_ns)
         self.stats.read += len(batch)
         self.stats.batches += 1
         outgoing: list[tuple[QueueMessage, OutgoingMessage]] = []

@@ -35,6 +35,7 @@ from sidecar.shadow.records import (
     raise_failures,
 )
 from sidecar.shadow.replay import value_sha
+from sidecar.shadow.trace import candidate_facts, traced
 from sidecar.transport.dead_letter import dead_letter
 from sidecar.transport.kafka import KafkaConsumer, KafkaProducer
 from sidecar.transport.message import QueueMessage, header_text
@@ -176,7 +177,7 @@ class ShadowConsumer(Lifecycle):
                     after = str(violation.right) if violation is not None else None
                     work = self._process(message, after, stop)
                     if self._tracing.enabled:
-                        work = self._tracing.process(message, self.settings.shadow.group, work)
+                        work = traced(self._tracing, message, self.settings.shadow.group, work)
                     running.add(asyncio.create_task(work))
                 self.stats.in_flight = len(running)
                 finished = {task for task in running if task.done()}
@@ -395,5 +396,5 @@ class ShadowConsumer(Lifecycle):
             "queue_wait_ms": queue_wait_ms,
         }
         if self._tracing.enabled:
-            facts.update(self._tracing.candidate_facts(message))  # for the verdict's links
+            facts.update(candidate_facts(message))  # for the verdict's links
         return facts

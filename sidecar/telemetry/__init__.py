@@ -1,1 +1,2 @@
-"""telemetry."""
+"""telemetry: traces (``tracing``, with ``semconv``, ``propagation``, ``sampler``, ``export``),
+metrics and health."""

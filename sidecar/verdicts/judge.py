@@ -46,6 +46,7 @@ from sidecar.verdicts.join import Arrival, EntryRef, JoinStore, RecordOutcome, S
 from sidecar.verdicts.model import VerdictRecord, capped
 from sidecar.verdicts.progress import ShadowProgress
 from sidecar.verdicts.reader import read_verdicts
+from sidecar.verdicts.trace import compare_span
 
 logger = logging.getLogger(__name__)
 
@@ -267,7 +268,7 @@ class Judge(Lifecycle):
                 )
             )
             if self.tracing.enabled:
-                self.tracing.compare(records[-1][1], time.time_ns(), (facts,))
+                compare_span(self.tracing, records[-1][1], time.time_ns(), (facts,))
         await self._publish(records, token)
 
     async def _publish(self, items: list[tuple[EntryRef, VerdictRecord, str]], token: str) -> None:
@@ -309,7 +310,7 @@ class Judge(Lifecycle):
         started_ns = time.time_ns()
         record = self._verdict(ref, fields, control, candidate)
         if self.tracing.enabled:
-            self.tracing.compare(record, started_ns, (candidate, control))
+            compare_span(self.tracing, record, started_ns, (candidate, control))
         return record
 
     def _verdict(

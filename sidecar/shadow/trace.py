@@ -1,0 +1,83 @@
+"""The shadow's span: one ``process <topic>`` per record it handles.
+
+``process <topic>`` (CONSUMER, ``messaging.system=kafka``) is a root span linked to the producer
+context in the record's ``traceparent`` header; under the ``parentbased_*`` samplers it follows
+that context's sampled flag, and an unsampled one makes no span at all. Its context goes with
+the record's facts to the judge, which links the verdict's ``compare`` span to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import Link, SpanKind
+
+from sidecar.telemetry.propagation import ROOT, TRACEPARENT, format_traceparent, parse_traceparent
+from sidecar.telemetry.semconv import (
+    CONSUMER_GROUP,
+    DESTINATION,
+    KAFKA_OFFSET,
+    MESSAGE_ID,
+    OPERATION_NAME,
+    OPERATION_TYPE,
+    PARTITION,
+    SYSTEM,
+    SYSTEM_KAFKA,
+    TASK_ID,
+    TASK_TYPE,
+)
+from sidecar.telemetry.tracing import Tracing
+from sidecar.transport.message import QueueMessage, header_text
+from sidecar.verdicts.trace import PROCESS_TRACEPARENT
+
+__all__ = ["candidate_facts", "traced"]
+
+
+async def traced(
+    tracing: Tracing, message: QueueMessage, group: str, work: Coroutine[Any, Any, None]
+) -> None:
+    """Run ``work`` (the shadow's handling of ``message``) in its ``process`` span."""
+    headers = message.headers
+    header = header_text(headers, TRACEPARENT)
+    if tracing.drops_linked(header):
+        await work  # the sampler would drop the span: do not make one
+        return
+    producer = parse_traceparent(header)
+    attributes: dict[str, Any] = {
+        SYSTEM: SYSTEM_KAFKA,
+        OPERATION_NAME: "process",
+        OPERATION_TYPE: "process",
+        DESTINATION: message.topic,
+        CONSUMER_GROUP: group,
+        PARTITION: str(message.partition),
+        KAFKA_OFFSET: message.offset,
+    }
+    for attribute, name in ((MESSAGE_ID, "x-redis-id"), (TASK_ID, "x-task-id")):
+        value = header_text(headers, name)
+        if value is not None:
+            attributes[attribute] = value
+    attributes[TASK_TYPE] = header_text(headers, "x-task-type") or ""
+    span = tracing.tracer.start_span(
+        tracing.span_name("process", message.topic),
+        context=ROOT,
+        kind=SpanKind.CONSUMER,
+        attributes=attributes,
+        links=[Link(producer)] if producer is not None else None,
+    )
+    with trace.use_span(span, end_on_exit=True):
+        await work
+
+
+def candidate_facts(message: QueueMessage) -> dict[str, str]:
+    """What the judge needs to link a verdict: the record's producer context and, within
+    a ``process`` span being recorded, that span's context."""
+    facts = {}
+    producer = header_text(message.headers, TRACEPARENT)
+    if producer is not None:
+        facts[TRACEPARENT] = producer
+    span = trace.get_current_span()
+    if span.is_recording():
+        facts[PROCESS_TRACEPARENT] = format_traceparent(span.get_span_context()).decode()
+    return facts
