@@ -37,7 +37,30 @@ _EXPORTS: dict[str, str] = {
     "RedisStreamConsumer": "sidecar.transport.redis_streams",
 }
 
-__all__ = ["__version__", *sorted(_EXPORTS)]
+__all__ = [
+    "VERDICTS",
+    "AuthenticationError",
+    "ConfigError",
+    "KafkaConsumer",
+    "KafkaProducer",
+    "MessageDecodeError",
+    "MessageQueueError",
+    "Mirror",
+    "OutgoingMessage",
+    "QueueMessage",
+    "RedisStreamConsumer",
+    "RedisStreamProducer",
+    "RetriableMessageQueueError",
+    "ServiceUnavailableError",
+    "Settings",
+    "ShadowConsumer",
+    "Sidecar",
+    "SidecarError",
+    "VerdictRecord",
+    "__version__",
+    "read_verdicts",
+    "run_until_signal",
+]
 
 if TYPE_CHECKING:
     from sidecar.app.service import Sidecar

@@ -111,3 +111,19 @@ def test_no_module_is_past_400_lines() -> None:
     assert sizes, "no module found"
     too_long = {path: lines for path, lines in sizes.items() if lines > MAX_MODULE_LINES}
     assert not too_long, too_long
+
+
+def test_the_public_api_loads_on_first_use() -> None:
+    code = (
+        "import sys, sidecar\n"
+        "assert sorted(m for m in sys.modules if m.startswith('sidecar')) == ['sidecar']\n"
+        "assert set(sidecar.__all__) == {'__version__', *sidecar._EXPORTS}\n"
+        "for name in sidecar.__all__:\n"
+        "    assert getattr(sidecar, name) is not None, name\n"
+        "assert sidecar.Settings.__module__ == 'sidecar.config'\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+        check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr

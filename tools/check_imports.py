@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 PACKAGES = ("sidecar", "comparators", "ragflow_mq")
-FOUNDATION = ("sidecar.errors", "sidecar.lifecycle", "sidecar.clock")
+FOUNDATION = ("sidecar.errors", "sidecar.lifecycle", "sidecar.clock", "sidecar.text")
 STAGES = ("sidecar.mirror", "sidecar.shadow", "sidecar.observer", "sidecar.verdicts")
 BELOW_STAGES = (*FOUNDATION, "sidecar.transport", "sidecar.config", "sidecar.telemetry")
 ALLOWED: dict[str, tuple[str, ...]] = {
