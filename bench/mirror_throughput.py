@@ -30,10 +30,10 @@ import valkey.asyncio as avalkey
 from aiokafka import AIOKafkaProducer
 from bench_common import bench_stack, loadavg
 
+from sidecar.app.wiring import running_mirror
 from sidecar.cli.roundtrip import sample_parse_task
 from sidecar.config import Settings
 from sidecar.dev.local_stack import LocalStack
-from sidecar.mirror.mirror import Mirror
 from sidecar.transport.message import encode_task
 from sidecar.transport.partitioner import KeyPartitioner
 from sidecar.transport.topics import PARSE_TOPIC, init_topics
@@ -125,7 +125,7 @@ def mirror_settings(stack: LocalStack, stream: str) -> Settings:
 
 async def mirror_run(stack: LocalStack, stream: str, count: int) -> float:
     stop = asyncio.Event()
-    async with Mirror(mirror_settings(stack, stream)) as mirror:
+    async with running_mirror(mirror_settings(stack, stream)) as mirror:
         started = time.perf_counter()
         running = asyncio.create_task(mirror.run(stop))
         while mirror.stats.read < count:  # noqa: ASYNC110 - polls a counter, not an event
@@ -154,7 +154,7 @@ async def latency(stack: LocalStack, rate: int, seconds: int) -> list[int]:
     valkey.Valkey.from_url(url).xadd(stream, {"message": task()})  # the stream must exist
     settings = mirror_settings(stack, stream)
     stop = asyncio.Event()
-    async with Mirror(settings) as mirror:
+    async with running_mirror(settings) as mirror:
         running = asyncio.create_task(mirror.run(stop))
         writer = threading.Thread(target=paced)
         writer.start()

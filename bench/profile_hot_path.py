@@ -26,9 +26,9 @@ from bench_common import bench_stack, fill, loadavg
 from pyinstrument import Profiler
 
 from sidecar.app.service import Sidecar
+from sidecar.app.wiring import running_mirror
 from sidecar.config import Settings
 from sidecar.dev.local_stack import LocalStack
-from sidecar.mirror.mirror import Mirror
 from sidecar.transport.topics import init_topics
 
 
@@ -54,7 +54,7 @@ def settings_for(stack: LocalStack, stream: str) -> Settings:
 
 async def mirror_alone(settings: Settings, count: int, profiler: Profiler) -> float:
     stop = asyncio.Event()
-    async with Mirror(settings) as mirror:
+    async with running_mirror(settings) as mirror:
         profiler.start()
         started = time.perf_counter()
         running = asyncio.create_task(mirror.run(stop))

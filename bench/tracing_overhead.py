@@ -29,9 +29,9 @@ from bench_common import bench_stack, fill, loadavg
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from sidecar.app.service import Sidecar
+from sidecar.app.wiring import running_mirror
 from sidecar.config import Settings
 from sidecar.dev.local_stack import LocalStack
-from sidecar.mirror.mirror import Mirror
 from sidecar.transport.topics import init_topics
 
 TARGET = 0.9
@@ -108,7 +108,7 @@ async def drain(settings: Settings, count: int) -> tuple[float, float]:
 async def mirror_alone(settings: Settings, count: int) -> float:
     """Entries per second of the mirror on its own (it has its own Tracing, from settings)."""
     stop = asyncio.Event()
-    async with Mirror(settings) as mirror:
+    async with running_mirror(settings) as mirror:
         started = time.perf_counter()
         running = asyncio.create_task(mirror.run(stop))
         while mirror.stats.read < count:  # noqa: ASYNC110 - polls a counter, not an event

@@ -33,6 +33,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sidecar.app.service import Sidecar
+from sidecar.app.wiring import running_mirror
 from sidecar.cli.reconcile import reconcile
 from sidecar.config import Settings
 from sidecar.config.routing import RouteTable
@@ -375,7 +376,7 @@ async def xadd_all(client: avalkey.Valkey, stream: str, batch: Sequence[Fields])
 
 async def mirror_stream(settings: Settings, stream: str, total: int) -> Mirror:
     """Mirror ``stream`` until ``total`` entries were read; returns the stopped mirror."""
-    async with Mirror(mirror_settings(settings, stream)) as mirror:
+    async with running_mirror(mirror_settings(settings, stream)) as mirror:
         for _ in range(total + 100):
             if mirror.stats.read >= total:
                 break

@@ -7,11 +7,11 @@ import json
 
 import valkey.asyncio as avalkey
 
+from sidecar.app.wiring import StandaloneMirror, running_mirror
 from sidecar.config import Settings
 from sidecar.config.routing import RouteTable
 from sidecar.config.traffic import in_traffic_share
 from sidecar.errors import ConfigError
-from sidecar.mirror.mirror import Mirror
 from sidecar.transport import RedisStreamConsumer
 from sidecar.transport.topics import init_topics
 from tests.mirror_support import (
@@ -53,7 +53,7 @@ async def test_every_entry_lands_once_in_the_right_topic_with_key_value_and_head
     before = {s: await group_state(valkey_client, s, RAGFLOW_GROUP) for s in (high, low)}
 
     s = mirror_settings(settings, [high, low])
-    async with Mirror(s) as mirror:
+    async with running_mirror(s) as mirror:
         await mirror_until(mirror, len(values))
         assert await mirror.lag() == {high: 0, low: 0}
     after = {s: await group_state(valkey_client, s, RAGFLOW_GROUP) for s in (high, low)}
@@ -116,7 +116,7 @@ async def test_bad_input_goes_to_the_dlq_with_its_bytes_and_the_mirror_goes_on(
         ids[reason] = await valkey_client.xadd(unique, fields)
     good = await valkey_client.xadd(unique, {"message": b'{"id": "ok", "doc_id": "d"}'})
 
-    async with Mirror(mirror_settings(settings, [unique])) as mirror:
+    async with running_mirror(mirror_settings(settings, [unique])) as mirror:
         await mirror_until(mirror, len(cases) + 1)
         assert sum(mirror.stats.dead_lettered.values()) == len(cases)
         assert mirror.stats.mirrored["ragflow.task.parse"] == 1
@@ -152,7 +152,9 @@ async def test_traffic_share_mirrors_exactly_the_keys_in_the_share(
     for task in tasks:
         pipe.xadd(unique, {"message": json.dumps(task)})
     await pipe.execute()
-    async with Mirror(mirror_settings(settings, [unique], KAFKA_TRAFFIC_PERCENT="30")) as mirror:
+    async with running_mirror(
+        mirror_settings(settings, [unique], KAFKA_TRAFFIC_PERCENT="30")
+    ) as mirror:
         await mirror_until(mirror, len(tasks))
         skipped = mirror.stats.skipped["outside_share"]
     expected = {t["id"] for t in tasks if in_traffic_share(t["doc_id"], 30)}
@@ -176,7 +178,7 @@ async def test_entries_of_a_dead_instance_are_taken_over(
     await dead.stop()
 
     s = mirror_settings(settings, [unique], MIRROR_CLAIM_IDLE_MS="300", MIRROR_CONSUMER="alive")
-    async with Mirror(s) as mirror:
+    async with running_mirror(s) as mirror:
         await mirror_until(mirror, 30)
     found = await read_mirrored(settings, {unique}, 30)
     assert len({m.headers["x-redis-id"] for m in found}) == 30
@@ -190,12 +192,12 @@ async def test_missing_topics_fail_at_start_and_ragflow_group_is_refused(
 ) -> None:
     s = mirror_settings(settings, [unique], MIRROR_ROUTES='{"parse": "no.such.topic"}')
     try:
-        async with Mirror(s):
+        async with running_mirror(s):
             raise AssertionError("started without its topics")
     except ConfigError as exc:
         assert "no.such.topic" in str(exc) and "init-topics" in str(exc)
     try:
-        Mirror(mirror_settings(settings, [unique], MIRROR_GROUP=RAGFLOW_GROUP))
+        StandaloneMirror(mirror_settings(settings, [unique], MIRROR_GROUP=RAGFLOW_GROUP))
         raise AssertionError("accepted RAGFlow's group")
     except ConfigError as exc:
         assert exc.variable == "MIRROR_GROUP"

@@ -15,6 +15,7 @@ import pytest
 import valkey.asyncio as avalkey
 from valkey import exceptions as valkey_errors
 
+from sidecar.app.wiring import ValkeyClient, observer_client
 from sidecar.config import Secret, Settings
 from sidecar.observer import COMMANDS_USED, PrimaryDelivery, PrimaryObserver
 from tests.mirror_support import RAGFLOW_GROUP, group_state, ragflow_tasks
@@ -67,10 +68,16 @@ def ids_of(records: list[PrimaryDelivery]) -> list[str]:
 async def observers(settings: Settings) -> AsyncIterator[MakeObserver]:
     """Started observers on the test's streams; stopped afterwards."""
     made: list[PrimaryObserver] = []
+    clients: list[ValkeyClient] = []
 
     async def make(streams: list[str], **kwargs: Any) -> PrimaryObserver:
         kwargs.setdefault("interval_ms", 10)
-        observer = PrimaryObserver(kwargs.pop("redis", settings.redis), streams, **kwargs)
+        redis = kwargs.pop("redis", settings.redis)
+        if "client" not in kwargs:
+            clients.append(observer_client(redis))
+            await clients[-1].start()
+            kwargs["client"] = clients[-1].client
+        observer = PrimaryObserver(redis, streams, **kwargs)
         await observer.start()
         made.append(observer)
         return observer
@@ -78,6 +85,8 @@ async def observers(settings: Settings) -> AsyncIterator[MakeObserver]:
     yield make
     for observer in made:
         await observer.stop()
+    for client in clients:
+        await client.stop()
 
 
 async def test_a_ragflow_worker_s_entries_are_each_reported_once_with_consumer_and_times(

@@ -9,11 +9,11 @@ import sys
 
 import valkey.asyncio as avalkey
 
+from sidecar.app.wiring import running_mirror
 from sidecar.cli.reconcile import reconcile, render_report
 from sidecar.config import Settings
 from sidecar.config.routing import RouteTable
 from sidecar.config.traffic import in_traffic_share
-from sidecar.mirror.mirror import Mirror
 from sidecar.transport import KafkaProducer
 from sidecar.transport.base import OutgoingMessage
 from sidecar.transport.topics import PARSE_TOPIC, init_topics
@@ -56,7 +56,7 @@ async def test_a_mirrored_window_is_whole_and_later_entries_are_missing(
         await valkey_client.xadd(unique, {"message": json.dumps(task)})
     for fields in BROKEN:
         await valkey_client.xadd(unique, fields)
-    async with Mirror(s) as mirror:
+    async with running_mirror(s) as mirror:
         await mirror_until(mirror, len(tasks) + len(BROKEN))
     routes = RouteTable()
     in_share = sum(in_traffic_share(routes.route(t, 0).key, 50) for t in tasks)

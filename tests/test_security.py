@@ -25,6 +25,7 @@ import pytest
 import valkey.asyncio as avalkey
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
+from sidecar.app.wiring import running_judge
 from sidecar.config import Settings
 from sidecar.dev.local_stack import LocalKafka
 from sidecar.dev.local_stack.tls import make_tls_files
@@ -33,7 +34,6 @@ from sidecar.transport.lag import stream_lag
 from sidecar.transport.message import encode_task
 from sidecar.transport.topics import init_topics
 from sidecar.verdicts.join import Arrival, EntryRef
-from sidecar.verdicts.judge import Judge
 from tests.conftest import free_port
 from tests.mirror_support import RAGFLOW_GROUP, ragflow_tasks, ragflow_worker, read_mirrored
 from tests.shadow_support import read_verdicts, running_sidecar, sidecar_settings
@@ -358,7 +358,7 @@ async def test_a_command_refused_inside_the_join_script_is_named_too(
         Arrival(EntryRef(f"te.{unique}.0", f"{n}-0"), facts, b"{}", origin=f"t:0:{n}")
         for n in (1, 2)  # two: a pipeline, whose errors valkey-py prefixes with the command
     ]
-    async with Judge(config) as judge:
+    async with running_judge(config) as judge:
         with pytest.raises(AuthenticationError) as refused:
             await judge.record("candidate", arrivals)
     message = str(refused.value)

@@ -11,6 +11,7 @@ from prometheus_client import generate_latest
 
 from ragflow_mq.contract import EVENTS, PATHS, Keys
 from ragflow_mq.evidence import Recorder, write
+from sidecar.app.wiring import ValkeyClient
 from sidecar.config import Settings
 from sidecar.dev.local_stack import LocalStack
 from sidecar.serve.served_metrics import ServedEvidencePoller, register_served_metrics
@@ -58,7 +59,8 @@ async def test_the_poller_exports_the_evidence_of_ragflows_processes(
     settings = served_settings(stack, unique)
     keys = Keys(unique)
     metrics = SidecarMetrics()
-    poller = ServedEvidencePoller(settings, interval_s=0.05)
+    own = ValkeyClient(settings.redis)
+    poller = ServedEvidencePoller(settings, client=own.client, interval_s=0.05)
     register_served_metrics(metrics, poller, settings)
 
     # Before any read: every path x event at 0, the shares as configured, latencies at 0.
@@ -77,7 +79,7 @@ async def test_the_poller_exports_the_evidence_of_ragflows_processes(
     await record(valkey_client, keys, time.time() - 600)
     await record(valkey_client, keys, time.time() - 60)
     await valkey_client.set(keys.cap, "5")
-    async with poller:
+    async with own, poller:
         for _ in range(200):
             if poller.values.cap == 5:
                 break
@@ -105,13 +107,20 @@ async def test_a_failed_read_keeps_the_last_values(
 ) -> None:
     keys = Keys(unique)
     await record(valkey_client, keys, time.time() - 60)
-    async with ServedEvidencePoller(served_settings(stack, unique)) as poller:
+    settings = served_settings(stack, unique)
+    async with (
+        ValkeyClient(settings.redis) as own,
+        ServedEvidencePoller(settings, client=own.client) as poller,
+    ):
         assert await poller.poll()
         read = poller.values
         assert read.totals[("kafka", "failed")] == 2
     # The same poller pointed at nothing: the read fails, the values stay, stop still ends it.
     nowhere = served_settings(stack, unique, f"redis://127.0.0.1:{free_port()}/1")
-    async with ServedEvidencePoller(nowhere, interval_s=0.05) as failing:
+    async with (
+        ValkeyClient(nowhere.redis) as own,
+        ServedEvidencePoller(nowhere, client=own.client, interval_s=0.05) as failing,
+    ):
         failing.values = read
         assert not await failing.poll()
         assert failing.values is read

@@ -8,13 +8,13 @@ dashboards query those names (a test checks each panel's query against a real Pr
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
 
 from sidecar.errors import DECODE_REASONS
-from sidecar.telemetry.metrics import counts
-
-if TYPE_CHECKING:
-    from sidecar.app.service import Sidecar
+from sidecar.mirror.mirror import Mirror
+from sidecar.shadow.shadow import ShadowConsumer
+from sidecar.telemetry.health import Health
+from sidecar.telemetry.metrics import SidecarMetrics, counts
+from sidecar.verdicts.judge import JudgeStats
 
 # The label sets known in advance, exported at 0 from start-up: a dashboard shows 0, not
 # "No data", before the first dead letter or skipped task (and a rate() has a start point).
@@ -23,10 +23,17 @@ SHADOW_DEAD_REASONS: tuple[str, ...] = (*DECODE_REASONS, "handler_failed")
 SKIP_REASONS: tuple[str, ...] = ("outside_share",)
 
 
-def register_metrics(sidecar: Sidecar) -> None:
-    """Create the observable instruments of ``sidecar`` on its own meter provider."""
-    metrics = sidecar.metrics
-    mirror, shadow, judge = sidecar.mirror, sidecar.shadow, sidecar.judge
+def register_metrics(
+    metrics: SidecarMetrics,
+    *,
+    traffic_percent: float,
+    judge_stats: JudgeStats,
+    health: Health,
+    mirror: Mirror | None,
+    shadow: ShadowConsumer | None,
+) -> None:
+    """Create the observable instruments of a sidecar's parts on its meter provider
+    (``metrics``); ``mirror`` and ``shadow`` are ``None`` when that part does not run."""
     if mirror is not None:
         stats = mirror.stats
         metrics.observe_counter(
@@ -45,12 +52,12 @@ def register_metrics(sidecar: Sidecar) -> None:
             "batches Kafka did not take at once",
             lambda: [({}, stats.produce_retries)],
         )
-    percent = sidecar.settings.mirror.traffic_percent
     metrics.observe_gauge(
-        "traffic_percent", "share of tasks carried over Kafka", lambda: [({}, percent)]
+        "traffic_percent", "share of tasks carried over Kafka", lambda: [({}, traffic_percent)]
     )
-    metrics.observe_counter("dead_lettered", "records sent to the DLQ", lambda: _dead(sidecar))
-    judge_stats = judge.stats
+    metrics.observe_counter(
+        "dead_lettered", "records sent to the DLQ", lambda: _dead(mirror, shadow)
+    )
     metrics.observe_counter(
         "verdicts",
         "verdicts published",
@@ -64,7 +71,7 @@ def register_metrics(sidecar: Sidecar) -> None:
     metrics.observe_counter(
         "mismatched_fields",
         "differences by top-level field (at most 100 fields, then 'other')",
-        lambda: counts(_bounded(sidecar, judge_stats.mismatched_fields), "field"),
+        lambda: counts(_bounded(metrics, judge_stats.mismatched_fields), "field"),
     )
     metrics.observe_counter(
         "noise_differences",
@@ -105,7 +112,6 @@ def register_metrics(sidecar: Sidecar) -> None:
         "stream entries not yet read by the mirror's group",
         lambda: [({"stream": s}, lag) for s, lag in gauges.redis_lag.items()],
     )
-    health = sidecar.health
     metrics.observe_gauge(
         "up",
         "1 while a component's loop runs",
@@ -113,19 +119,21 @@ def register_metrics(sidecar: Sidecar) -> None:
     )
 
 
-def _dead(sidecar: Sidecar) -> list[tuple[dict[str, str], float]]:
+def _dead(
+    mirror: Mirror | None, shadow: ShadowConsumer | None
+) -> list[tuple[dict[str, str], float]]:
     found: dict[tuple[str, str], int] = {}
-    if sidecar.mirror is not None:
+    if mirror is not None:
         found.update(dict.fromkeys((("mirror", r) for r in MIRROR_DEAD_REASONS), 0))
-        found.update({("mirror", r): n for r, n in sidecar.mirror.stats.dead_lettered.items()})
-    if sidecar.shadow is not None:
+        found.update({("mirror", r): n for r, n in mirror.stats.dead_lettered.items()})
+    if shadow is not None:
         found.update(dict.fromkeys((("shadow", r) for r in SHADOW_DEAD_REASONS), 0))
-        found.update({("shadow", r): n for r, n in sidecar.shadow.stats.dead_lettered.items()})
+        found.update({("shadow", r): n for r, n in shadow.stats.dead_lettered.items()})
     return [({"stage": stage, "reason": reason}, float(n)) for (stage, reason), n in found.items()]
 
 
-def _bounded(sidecar: Sidecar, fields: Counter[str]) -> Counter[str]:
+def _bounded(metrics: SidecarMetrics, fields: Counter[str]) -> Counter[str]:
     bounded: Counter[str] = Counter()
     for path, n in fields.items():
-        bounded[sidecar.metrics.field_label(path)] += n
+        bounded[metrics.field_label(path)] += n
     return bounded

@@ -1,5 +1,5 @@
-"""``ragflow-sidecar run``: the mirror, the shadow consumer, the primary observer and the judge's
-sweeper in one process, the usual deployment beside RAGFlow.
+"""``ragflow-sidecar run``: the mirror, the shadow consumer, the primary observer and the
+verdicts' sweeper in one process, the usual deployment beside RAGFlow.
 
 The same class runs a part of it for a split deployment: ``mirror --compare`` (mirror, control
 and sweeper) and ``shadow`` (shadow consumer, observer and sweeper), sharing one join in Valkey.
@@ -7,6 +7,10 @@ and sweeper) and ``shadow`` (shadow consumer, observer and sweeper), sharing one
 The four loops are supervised together: if one dies, the others are stopped and the error is
 raised, so a supervisor (compose, systemd) restarts the whole sidecar rather than leaving half
 of it running. Nothing is lost by that: unacked entries and uncommitted records are replayed.
+
+:class:`Sidecar` is the composition root: it builds every client (:mod:`sidecar.app.wiring`)
+and every part, hands each part the clients it uses, starts the clients before the parts and
+stops them after.
 """
 
 from __future__ import annotations
@@ -23,10 +27,11 @@ from typing import Any
 from valkey.exceptions import ValkeyError
 
 from sidecar.app.metrics_catalog import register_metrics
+from sidecar.app.wiring import Assembly, CompareClients, MirrorClients, observer_client
 from sidecar.config import Settings
 from sidecar.errors import SidecarError
 from sidecar.lifecycle import Lifecycle
-from sidecar.mirror.mirror import Mirror, RecordTransform
+from sidecar.mirror.mirror import RecordTransform
 from sidecar.observer import PrimaryDelivery, PrimaryObserver
 from sidecar.serve.served_metrics import ServedEvidencePoller, register_served_metrics
 from sidecar.shadow.handlers import NamedHandler, load_handler
@@ -38,7 +43,7 @@ from sidecar.telemetry.tracing import Tracing
 from sidecar.transport.base import OutgoingMessage
 from sidecar.transport.message import QueueMessage
 from sidecar.verdicts.join import Arrival, EntryRef
-from sidecar.verdicts.judge import Judge
+from sidecar.verdicts.sweeper import Sweeper
 
 logger = logging.getLogger(__name__)
 
@@ -68,48 +73,59 @@ class Sidecar(Lifecycle):
         self.metrics = SidecarMetrics(otlp=settings.metrics.otlp)
         # One tracer provider for all parts, started first and stopped last.
         self.tracing = Tracing(settings.tracing, settings.shadow.instance)
-        self.judge = Judge(settings, tracing=self.tracing)
-        self._control = ControlRecorder(self.judge, handler, settings.shadow.noise_runs)
+        compared = CompareClients.build(settings)
+        self.join_client = compared.join.client  # also the readiness probe's
+        self.judge = compared.judge(settings, self.tracing)
+        self.sweeper = Sweeper(self.judge, compared.progress)
+        self._control = ControlRecorder(
+            self.judge, handler, settings.shadow.noise_runs, client=self.join_client
+        )
+        mirrored = MirrorClients.build(settings) if mirror else None
         self.mirror = (
-            Mirror(
-                settings,
-                after_produce=self._after_produce,
-                transform=transform,
-                tracing=self.tracing,
+            mirrored.mirror(
+                settings, self.tracing, after_produce=self._after_produce, transform=transform
             )
-            if mirror
+            if mirrored
             else None
         )
         self.shadow = (
             ShadowConsumer(
-                settings, self.judge, handler=handler, on_processed=self._kafka_task_done
+                settings,
+                self.judge,
+                client=self.join_client,
+                dlq=compared.publisher,
+                handler=handler,
+                on_processed=self._kafka_task_done,
             )
             if shadow
             else None
         )
+        observed = observer_client(settings.redis) if observer else None
         self.observer = (
             PrimaryObserver(
                 settings.redis,
                 settings.mirror.streams,
                 interval_ms=settings.shadow.observer_interval_ms,
                 on_delivery=self._record_primary,
+                client=observed.client,
             )
-            if observer
+            if observed
             else None
         )
         # Reads what RAGFlow's processes record about the served share, for /metrics only.
-        self.served = ServedEvidencePoller(settings)
-        self._parts: tuple[Lifecycle, ...] = tuple(
-            part
-            for part in (
+        self.served = ServedEvidencePoller(settings, client=self.join_client)
+        # The clients first, then the parts that use them: stopped in the reverse order.
+        self._parts = Assembly(
+            (
                 self.tracing,
-                self.judge,
+                *compared.parts,
+                *(mirrored.parts if mirrored else ()),
+                observed,
                 self.mirror,
                 self.shadow,
                 self.observer,
                 self.served,
             )
-            if part
         )
         loops = {"mirror": self.mirror, "shadow": self.shadow, "observer": self.observer}
         self.health = Health((*(name for name, part in loops.items() if part), "sweeper"))
@@ -123,39 +139,35 @@ class Sidecar(Lifecycle):
                 settings.metrics.host, settings.metrics.port, self.health, self.metrics.registry
             )
         self.http = http
-        register_metrics(self)
+        register_metrics(
+            self.metrics,
+            traffic_percent=settings.mirror.traffic_percent,
+            judge_stats=self.judge.stats,
+            health=self.health,
+            mirror=self.mirror,
+            shadow=self.shadow,
+        )
         register_served_metrics(self.metrics, self.served, settings)
 
     async def _start(self) -> None:
         if self.http is not None and self._own_http:
             # First, so the probes answer (not ready) while the rest connects.
             await self.http.start()
-        started: list[Lifecycle] = []
         try:
-            for part in self._parts:
-                await part.start()
-                started.append(part)
+            await self._parts.start()  # a failure stops what it started
         except BaseException:
-            for part in reversed(started):
-                with contextlib.suppress(SidecarError):
-                    await part.stop()
             if self.http is not None and self._own_http:
                 await self.http.stop()
             self.metrics.shutdown()  # its OTLP export thread, if any, dies with this build
             raise
 
     async def _stop(self) -> None:
-        errors: list[BaseException] = []
-        for part in reversed(self._parts):
-            try:
-                await part.stop()
-            except SidecarError as exc:
-                errors.append(exc)
-        if self.http is not None and self._own_http:
-            await self.http.stop()
-        self.metrics.shutdown()
-        if errors:
-            raise errors[0]
+        try:
+            await self._parts.stop()
+        finally:
+            if self.http is not None and self._own_http:
+                await self.http.stop()
+            self.metrics.shutdown()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run every loop until ``stop`` is set; the first loop to fail stops the rest."""
@@ -175,7 +187,7 @@ class Sidecar(Lifecycle):
                     group.create_task(self._watched("shadow", self.shadow.run(halt), halt))
                 if self.observer is not None:
                     group.create_task(self._watched("observer", self.observer.run(halt), halt))
-                group.create_task(self._watched("sweeper", self.judge.run_sweeper(halt), halt))
+                group.create_task(self._watched("sweeper", self.sweeper.run(halt), halt))
                 group.create_task(_halting(self._refresh_gauges(halt), halt), name="metrics")
                 group.create_task(_halting(self._watch_turns(halt), halt), name="watchdog")
         except BaseExceptionGroup as group_error:
@@ -236,7 +248,7 @@ class Sidecar(Lifecycle):
 
     async def _check_dependencies(self) -> None:
         try:
-            await asyncio.wait_for(self.judge.join_client.ping(), DEPENDENCY_TIMEOUT_S)
+            await asyncio.wait_for(self.join_client.ping(), DEPENDENCY_TIMEOUT_S)
             self.health.set_reachable("valkey", None)
         except (TimeoutError, OSError, ValkeyError) as exc:
             self.health.set_reachable("valkey", type(exc).__name__)

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 from sidecar import __version__
 from sidecar.app.service import Sidecar
 from sidecar.app.supervisor import run_until_signal
+from sidecar.app.wiring import StandaloneMirror
 from sidecar.cli.diffs import render_diffs
 from sidecar.cli.reconcile import reconcile, render_json, render_report
 from sidecar.cli.roundtrip import round_trip
@@ -23,7 +24,6 @@ from sidecar.cli.status import collect_status, render_status
 from sidecar.clock import now_ms
 from sidecar.config import Settings
 from sidecar.errors import SidecarError
-from sidecar.mirror.mirror import Mirror
 from sidecar.serve.drain import DEFAULT_TIMEOUT_S, drain_to_redis, render_drain, render_drain_json
 from sidecar.serve.gate import clear_cap, collect, lower_cap, parse_window
 from sidecar.serve.gate import render_json as render_gate_json
@@ -116,7 +116,7 @@ def _parser() -> argparse.ArgumentParser:
 async def _mirror(settings: Settings) -> int:
     """Run the mirror until SIGTERM/SIGINT; then finish the batch in hand within the grace."""
     return await run_until_signal(
-        lambda: Mirror(settings),
+        lambda: StandaloneMirror(settings),
         settings.mirror.shutdown_grace_s,
         "mirror",
         preflight=lambda: check_login(settings.kafka),

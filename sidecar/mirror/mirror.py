@@ -16,6 +16,8 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
+import valkey.asyncio as valkey
+
 from sidecar.config import Settings
 from sidecar.config.routing import RouteTable
 from sidecar.config.traffic import in_traffic_share
@@ -26,7 +28,7 @@ from sidecar.errors import (
     SidecarError,
 )
 from sidecar.lifecycle import Lifecycle
-from sidecar.mirror.records import MAX_REQUEST_BYTES, entry_dead_letter, per_stream_headers
+from sidecar.mirror.records import entry_dead_letter, per_stream_headers
 from sidecar.mirror.stats import MirrorStats
 from sidecar.mirror.trace import MirrorBatchTrace, trace_batch
 from sidecar.telemetry.tracing import Tracing
@@ -58,15 +60,17 @@ class Mirror(Lifecycle):
         self,
         settings: Settings,
         *,
-        producer_overrides: dict[str, object] | None = None,
+        client: valkey.Valkey,
+        producer: KafkaProducer,
+        tracing: Tracing,
         after_produce: AfterProduce | None = None,
         transform: RecordTransform | None = None,
-        tracing: Tracing | None = None,
     ):
-        """Without ``tracing`` the mirror has its own, from ``settings.tracing``."""
+        """``client`` (for the streams), ``producer`` and ``tracing`` are the composition
+        root's (:mod:`sidecar.app.wiring`): started before the mirror, stopped after it. The
+        producer is the mirror's alone: it restarts it when Kafka refuses its sequence."""
         super().__init__()
-        self._tracing = tracing or Tracing(settings.tracing, settings.shadow.instance)
-        self._own_tracing = tracing is None
+        self._tracing = tracing
         self._last_read: tuple[list[QueueMessage], int, int] | None = None
         self._after_produce = after_produce
         self._transform = transform
@@ -81,27 +85,21 @@ class Mirror(Lifecycle):
             mirror.streams,
             mirror.group,
             mirror.consumer,
+            client=client,
             settings=settings.redis,
             group_start_id=mirror.start,
             claim_idle_ms=mirror.claim_idle_ms,
         )
-        self._producer_overrides = producer_overrides or {}
-        self._producer = self._new_producer()
+        self._producer = producer
         self._next_status = 0.0
         self._percent = mirror.traffic_percent
         self._stream_headers: dict[str, tuple[tuple[str, bytes], ...]] = {}
 
-    def _new_producer(self) -> KafkaProducer:
-        return KafkaProducer(
-            self.settings.kafka, max_request_size=MAX_REQUEST_BYTES, **self._producer_overrides
-        )
-
     async def _replace_producer(self) -> None:
         """A fresh idempotent producer (a new producer id, sequences from zero)."""
-        old, self._producer = self._producer, self._new_producer()
         with contextlib.suppress(SidecarError):
-            await old.stop()
-        await self._producer.start()
+            await self._producer.stop()
+        await self._producer.start()  # a new aiokafka producer under the same wrapper
 
     async def _start(self) -> None:
         needed = sorted({*self.routes.topics, DLQ_TOPIC})
@@ -111,14 +109,7 @@ class Mirror(Lifecycle):
                 "KAFKA_BOOTSTRAP_SERVERS",
                 f"topics {', '.join(absent)} do not exist; run `ragflow-sidecar init-topics`",
             )
-        await self._producer.start()
-        try:
-            await self._consumer.start()
-        except BaseException:
-            await self._producer.stop()
-            raise
-        if self._own_tracing:
-            await self._tracing.start()
+        await self._consumer.start()
         logger.info(
             "mirroring %s in group %s as %s (start %s, %.4g%% to Kafka)",
             ",".join(self.settings.mirror.streams),
@@ -129,12 +120,7 @@ class Mirror(Lifecycle):
         )
 
     async def _stop(self) -> None:
-        try:
-            await self._consumer.stop()
-        finally:
-            await self._producer.stop()
-            if self._own_tracing:
-                await self._tracing.stop()
+        await self._consumer.stop()
         logger.info("mirror stopped: %s", self.stats.summary())
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -82,7 +82,6 @@ from sidecar.observer.stream_ids import (
     parse_stream_id,
 )
 from sidecar.transport.options import RedisSettings
-from sidecar.transport.valkey_client import create_client
 
 logger = logging.getLogger(__name__)
 
@@ -106,11 +105,13 @@ class PrimaryObserver(Lifecycle):
         *,
         interval_ms: int = 500,
         on_delivery: OnDelivery | None = None,
-        client: valkey.Valkey | None = None,
+        client: valkey.Valkey,
         page_size: int = DEFAULT_PAGE_SIZE,
         max_per_round: int = DEFAULT_MAX_PER_ROUND,
         max_tracked: int = DEFAULT_MAX_TRACKED,
     ) -> None:
+        """``client`` is the composition root's (:func:`sidecar.app.wiring.observer_client`,
+        with a socket timeout): the observer neither starts nor closes it."""
         if not streams:
             raise ValueError("at least one stream is needed")
         if interval_ms < 1 or page_size < 1 or max_per_round < 1 or max_tracked < 1:
@@ -121,7 +122,6 @@ class PrimaryObserver(Lifecycle):
         self.group = group
         self.interval_ms = interval_ms
         self._on_delivery = on_delivery
-        self._given_client = client
         self._client = client
         self._page_size = page_size
         self._max_per_round = max_per_round
@@ -145,29 +145,14 @@ class PrimaryObserver(Lifecycle):
 
     @property
     def client(self) -> valkey.Valkey:
-        if self._client is None:
-            raise RuntimeError("observer is not started")
         return self._client
 
     async def _start(self) -> None:
-        if self._client is None:
-            # A bounded socket timeout keeps a hung server from stalling a round forever.
-            self._client = create_client(self.settings, socket_timeout=10)
         self._states = {s: StreamState() for s in self.streams}
-        try:
-            await self._round()  # the baseline: reports nothing
-        except BaseException:
-            await self._close()
-            raise
+        await self._round()  # the baseline: reports nothing
 
     async def _stop(self) -> None:
-        await self._close()
-
-    async def _close(self) -> None:
-        # A client we were given belongs to the caller, who closes it.
-        if self._given_client is None and self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        """Nothing to release: the client is the caller's."""
 
     def pending(self) -> list[PrimaryDelivery]:
         """The entries tracked as delivered and not acked yet, as last seen."""

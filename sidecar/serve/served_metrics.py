@@ -29,7 +29,7 @@ from sidecar.config import Settings
 from sidecar.errors import SidecarError
 from sidecar.lifecycle import Lifecycle
 from sidecar.telemetry.metrics import SidecarMetrics
-from sidecar.transport.valkey_client import create_client, translate_valkey_errors
+from sidecar.transport.valkey_client import translate_valkey_errors
 
 logger = logging.getLogger(__name__)
 
@@ -54,9 +54,14 @@ class ServedValues:
 class ServedEvidencePoller(Lifecycle):
     """Reads the served share's evidence and cap from Valkey every ``interval_s``."""
 
-    def __init__(self, settings: Settings, *, interval_s: float = POLL_INTERVAL_S) -> None:
+    def __init__(
+        self, settings: Settings, *, client: avalkey.Valkey, interval_s: float = POLL_INTERVAL_S
+    ) -> None:
+        """``client`` is the caller's (the composition root's): used between start and stop,
+        never closed here."""
         super().__init__()
         self._settings = settings
+        self._given_client = client
         self._keys = Keys(settings.serve.key_prefix)
         self._interval_s = interval_s
         self.values = ServedValues()
@@ -66,7 +71,7 @@ class ServedEvidencePoller(Lifecycle):
         self._failing = False
 
     async def _start(self) -> None:
-        self._client = create_client(self._settings.redis)
+        self._client = self._given_client
         self._halt = asyncio.Event()
         self._task = asyncio.create_task(self._loop(), name="served-evidence-poller")
 
@@ -79,9 +84,7 @@ class ServedEvidencePoller(Lifecycle):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        client, self._client = self._client, None
-        if client is not None:
-            await client.aclose()
+        self._client = None
 
     async def _loop(self) -> None:
         while not self._halt.is_set():

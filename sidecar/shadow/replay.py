@@ -42,11 +42,14 @@ def value_sha(value: bytes) -> str:
 class ControlRecorder:
     """Runs the handler on the Redis copies of a mirrored batch and records them as control."""
 
-    def __init__(self, judge: Judge, handler: NamedHandler, noise_runs: int = 0) -> None:
+    def __init__(
+        self, judge: Judge, handler: NamedHandler, noise_runs: int = 0, *, client: valkey.Valkey
+    ) -> None:
+        """``client`` is the composition root's (the join's), for the cancel keys."""
         self._judge = judge
         self._handler = handler
         self._noise_runs = noise_runs
-        self._client = judge.join_client
+        self._client = client
         self._where = judge.settings.redis.display_url
 
     async def __call__(self, mirrored: Sequence[tuple[QueueMessage, OutgoingMessage]]) -> None:

@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import valkey.asyncio as valkey
+
 from comparators import OrderTracker
 from sidecar.config import Settings
 from sidecar.config.routing import RouteTable
@@ -75,13 +77,17 @@ class ShadowConsumer(Lifecycle):
         settings: Settings,
         judge: Judge,
         *,
+        client: valkey.Valkey,
+        dlq: KafkaProducer,
         handler: NamedHandler | None = None,
         topics: tuple[str, ...] | None = None,
         consumer_overrides: dict[str, Any] | None = None,
         on_processed: Callable[[float | None, float], None] | None = None,
     ) -> None:
         """``on_processed(queue_wait_ms, processing_ms)`` is told of each task run (metrics);
-        ``topics`` default to the mirror's route table: the shadow reads where it writes."""
+        ``topics`` default to the mirror's route table: the shadow reads where it writes.
+        ``client`` (the join's) and ``dlq`` (a producer taking ``MAX_DLQ_BYTES`` records) are
+        the composition root's, started before the shadow and stopped after it."""
         super().__init__()
         routes = RouteTable(settings.mirror.routes)
         if topics is None:
@@ -104,8 +110,8 @@ class ShadowConsumer(Lifecycle):
             group_instance_id=settings.shadow.instance if settings.shadow.stable_instance else None,
             **(consumer_overrides or {}),
         )
-        self._dlq = KafkaProducer(settings.kafka, max_request_size=MAX_DLQ_BYTES)
-        self._client = judge.join_client
+        self._dlq = dlq
+        self._client = client
         self._where = settings.redis.display_url
         self._order = OrderTracker()
         self._priority_topics = [t for t in topics if t == routes.priority_parse_topic]
@@ -113,18 +119,10 @@ class ShadowConsumer(Lifecycle):
 
     async def _start(self) -> None:
         self._pinned = False
-        await self._dlq.start()
-        try:
-            await self._consumer.start()
-        except BaseException:
-            await self._dlq.stop()
-            raise
+        await self._consumer.start()
 
     async def _stop(self) -> None:
-        try:
-            await self._consumer.stop()
-        finally:
-            await self._dlq.stop()
+        await self._consumer.stop()
 
     def consumer_lag(self) -> dict[tuple[str, int], int]:
         """Records behind this instance's commits, per assigned partition."""

@@ -12,10 +12,10 @@ import pytest
 import valkey.asyncio as avalkey
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from sidecar.app.wiring import running_mirror
 from sidecar.config import Settings
 from sidecar.dev.local_stack import LocalKafka
 from sidecar.errors import SidecarError
-from sidecar.mirror.mirror import Mirror
 from sidecar.transport import KafkaConsumer, KafkaProducer, OutgoingMessage
 from sidecar.transport.topics import init_topics
 from tests.faults.support import (
@@ -164,7 +164,7 @@ async def test_nothing_is_acked_in_redis_while_kafka_is_away(
     tasks = ragflow_tasks(300)
 
     stop = asyncio.Event()
-    async with Mirror(s) as mirror:
+    async with running_mirror(s) as mirror:
         running = asyncio.create_task(mirror.run(stop))
         try:
             for task in tasks[:100]:

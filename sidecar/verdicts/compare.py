@@ -1,0 +1,106 @@
+"""What the judge compares a joined entry with: the comparator set, under ``COMPARE_RULES``.
+
+A mismatch is a difference in the payload, the handler's outcome (less the noise the control
+side's extra runs found), the routing, or per-key order. Delivery timing is compared too, but
+reported as findings: a slow path is a finding, not a wrong answer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from comparators import (
+    CompareRules,
+    DeliveryComparator,
+    Difference,
+    NoiseBaseline,
+    OutcomeComparator,
+    PayloadComparator,
+    RoutingComparator,
+    RulesError,
+    load_rules,
+    outcome_digest,
+)
+from sidecar.config import ShadowSettings
+from sidecar.errors import ConfigError
+from sidecar.verdicts.model import VerdictRecord
+
+
+def load_compare_rules(path: str | None) -> CompareRules:
+    """``COMPARE_RULES`` as rules; a bad file stops the sidecar naming the variable."""
+    if path is None:
+        return CompareRules()
+    try:
+        return load_rules(path)
+    except RulesError as exc:
+        raise ConfigError("COMPARE_RULES", str(exc)) from exc
+
+
+def digest_or_none(outcome: Any) -> str | None:
+    """The outcome's digest, or ``None`` for an outcome that is not JSON (an error)."""
+    try:
+        return outcome_digest(outcome)
+    except (TypeError, ValueError):
+        return None
+
+
+class Comparators:
+    """The comparators of one judge; ``rules`` come from ``COMPARE_RULES``."""
+
+    def __init__(self, rules: CompareRules, latency_tolerance_ms: float) -> None:
+        self.rules = rules
+        self._outcomes = OutcomeComparator(rules)
+        self._payloads = PayloadComparator()
+        self._delivery = DeliveryComparator(latency_tolerance_ms)
+
+    @classmethod
+    def from_settings(cls, shadow: ShadowSettings) -> Comparators:
+        """Rules from ``COMPARE_RULES``; a bad file raises :class:`ConfigError`."""
+        return cls(load_compare_rules(shadow.rules_file), shadow.latency_tolerance_ms)
+
+    def differences(
+        self,
+        control: dict[str, Any],
+        candidate: dict[str, Any],
+        fields: dict[str, bytes],
+        record: VerdictRecord,
+    ) -> list[Difference]:
+        """What makes the two sides a mismatch; fills in ``record``'s comparator counts, its
+        noise and its (delivery) findings on the way."""
+        task_type = record.task_type or "parse"
+        found: dict[str, list[Difference]] = {}
+        if candidate.get("decode_error"):
+            found["payload"] = [Difference("", "undecodable", None, candidate["decode_error"])]
+        elif control.get("value_sha") != candidate.get("value_sha"):
+            found["payload"] = self._payloads.compare(
+                fields.get("control_value", b""), fields.get("candidate_value", b"")
+            )
+        if not candidate.get("decode_error"):
+            outcome = self._outcomes.compare(
+                control.get("outcome"), candidate.get("outcome"), task_type
+            )
+            real, noise = NoiseBaseline(frozenset(control.get("noise_paths", ()))).split(outcome)
+            if noise:
+                record.noise = {"count": len(noise), "paths": sorted({d.path for d in noise})}
+            found["outcome"] = real
+        routed_to = control.get("topic")
+        found["routing"] = RoutingComparator(lambda _type, _priority: str(routed_to)).compare(
+            control, candidate
+        )
+        if candidate.get("order_violation"):
+            violation = candidate["order_violation"]
+            found["ordering"] = [
+                Difference("order", "order", violation.get("after"), record.entry_id)
+            ]
+        timings = record.timings
+        delivery = self._delivery.compare(
+            {
+                "deliveries": timings.get("redis", {}).get("deliveries"),
+                "latency_ms": timings.get("redis", {}).get("queue_wait_ms"),
+            },
+            {"deliveries": None, "latency_ms": timings.get("kafka", {}).get("queue_wait_ms")},
+        )
+        record.comparators = {name: len(items) for name, items in found.items()}
+        record.comparators["delivery"] = len(delivery)
+        record.findings = [d.to_dict() for d in delivery]
+        return [d for items in found.values() for d in items]
