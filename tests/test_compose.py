@@ -120,7 +120,7 @@ def _otel_variables_in_source() -> set[str]:
 
 def _sidecar_variables() -> set[str]:
     return (
-        set(sidecar_settings._KNOWN_VARIABLES)
+        set(sidecar_settings.KNOWN_VARIABLES)
         | OTEL_VARIABLES
         | _otel_variables_in_source()
         | {"SIDECAR_METRICS_PORT"}
@@ -829,7 +829,7 @@ def test_ragflow_override_defaults_serve_nothing_and_pass_validation(
         assert environment["KAFKA_SERVE_PERCENT"] == "0"
         # Every ragflow_mq setting reaches RAGFlow; nothing else of the sidecar's does.
         assert set(SERVE_VARIABLES) <= set(environment)
-        unknown = set(environment) - set(sidecar_settings._KNOWN_VARIABLES) - {"PYTHONPATH"}
+        unknown = set(environment) - set(sidecar_settings.KNOWN_VARIABLES) - {"PYTHONPATH"}
         assert not unknown, f"not ragflow_mq settings: {sorted(unknown)}"
         # What ragflow_mq.install() reads at RAGFlow's start.
         settings = Settings.from_env(environ=environment)

@@ -6,7 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.config import Secret, Settings, expand_variables
+from sidecar.config import KNOWN_VARIABLES, Secret, Settings, expand_variables
+from sidecar.config.env import Reader, Value
+from sidecar.config.service_conf import FILE_VARIABLES
+from sidecar.config.settings import SHADOW, build_settings
 from sidecar.errors import ConfigError
 
 
@@ -93,6 +96,22 @@ def test_bad_values_name_the_variable(
     assert caught.value.variable == variable
     assert fragment in str(caught.value)
     assert str(caught.value).startswith(variable)
+
+
+def test_the_known_variables_are_the_ones_read() -> None:
+    """Known and read come from one table: every known variable is read (the sampler's argument
+    only for a ratio sampler), a file key sets a known one, and nothing else can be read."""
+    consulted: set[str] = set()
+    for environ in ({}, {"OTEL_TRACES_SAMPLER": "traceidratio"}):
+        reader = Reader({k: Value(v, k) for k, v in environ.items()}, KNOWN_VARIABLES)
+        build_settings(reader)
+        consulted |= reader.consulted
+    assert consulted == set(KNOWN_VARIABLES)
+    assert set(FILE_VARIABLES) <= set(KNOWN_VARIABLES)
+    with pytest.raises(LookupError):
+        SHADOW.reader(Reader({}, KNOWN_VARIABLES)).text("MIRROR_BATCH", None)
+    with pytest.raises(LookupError):
+        Reader({}, KNOWN_VARIABLES).limited_to(["NOT_A_SIDECAR_VARIABLE"])
 
 
 def test_secrets_never_show_in_reprs() -> None:

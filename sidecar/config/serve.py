@@ -1,40 +1,15 @@
 """Settings of the served share (what RAGFlow executes from Kafka) and of the canary gate.
 
 Part of :class:`~sidecar.config.Settings`, read by the same reader in the same place; kept in
-a module of its own so that ``settings.py`` does not grow past a reader's patience.
+a module of its own, with their variable tables, so that no module grows past a reader's
+patience.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from sidecar.config import _Reader
-
-SERVE_VARIABLES: tuple[str, ...] = (
-    "KAFKA_SERVE_PERCENT",
-    "SERVE_PREFETCH",
-    "SERVE_MAX_ATTEMPTS",
-    "SERVE_PRODUCE_TIMEOUT_MS",
-    "SERVE_CAP_REFRESH_S",
-    "SERVE_COMMIT_INTERVAL_MS",
-    "SERVE_SESSION_TIMEOUT_MS",
-    "SERVE_REVOKE_WAIT_S",
-    "SERVE_STICKY_S",
-    "SERVE_EVIDENCE_FLUSH_S",
-    "SERVE_KEY_PREFIX",
-)
-GATE_VARIABLES: tuple[str, ...] = (
-    "GATE_MIN_SAMPLE",
-    "GATE_MIN_MATCH_PERCENT",
-    "GATE_MAX_MISSING",
-    "GATE_MAX_FAILURE_DELTA_PP",
-    "GATE_WARN_FAILURE_DELTA_PP",
-    "GATE_MAX_P99_RATIO",
-    "GATE_WARN_P99_RATIO",
-    "GATE_P99_FLOOR_MS",
-)
+from sidecar.config.env import Reader, Table, Var, integer, number, text
 
 
 @dataclass(frozen=True)
@@ -80,64 +55,70 @@ class GateSettings:
     p99_floor_ms: float = 1000.0
 
 
+SERVE = Table(
+    ServeSettings,
+    Var("KAFKA_SERVE_PERCENT", "percent"),
+    Var("SERVE_PREFETCH", "prefetch"),
+    Var("SERVE_MAX_ATTEMPTS", "max_attempts", integer(1, 100)),
+    Var("SERVE_PRODUCE_TIMEOUT_MS", "produce_timeout_ms", integer(100)),
+    Var("SERVE_CAP_REFRESH_S", "cap_refresh_s", number(0.05, 3600.0)),
+    Var("SERVE_COMMIT_INTERVAL_MS", "commit_interval_ms", integer(0)),
+    Var("SERVE_SESSION_TIMEOUT_MS", "session_timeout_ms", integer(6000, 300000)),
+    Var("SERVE_REVOKE_WAIT_S", "revoke_wait_s", number(0.0, 3600.0)),
+    Var("SERVE_STICKY_S", "sticky_s", number(0.0, 86400.0)),
+    Var("SERVE_EVIDENCE_FLUSH_S", "evidence_flush_s", number(0.05, 3600.0)),
+    Var("SERVE_KEY_PREFIX", "key_prefix", text()),
+)
+GATE = Table(
+    GateSettings,
+    Var("GATE_MIN_SAMPLE", "min_sample", integer(1)),
+    Var("GATE_MIN_MATCH_PERCENT", "min_match_percent", number(0.0, 100.0)),
+    Var("GATE_MAX_MISSING", "max_missing", integer(0)),
+    Var("GATE_MAX_FAILURE_DELTA_PP", "max_failure_delta_pp", number(0.0, 100.0)),
+    Var("GATE_WARN_FAILURE_DELTA_PP", "warn_failure_delta_pp", number(0.0, 100.0)),
+    Var("GATE_MAX_P99_RATIO", "max_p99_ratio", number(1.0, 1000.0)),
+    Var("GATE_WARN_P99_RATIO", "warn_p99_ratio", number(1.0, 1000.0)),
+    Var("GATE_P99_FLOOR_MS", "p99_floor_ms", number(0.0, 3_600_000.0)),
+)
+SERVE_VARIABLES: tuple[str, ...] = SERVE.names
+GATE_VARIABLES: tuple[str, ...] = GATE.names
+
+
 def build_serve(
-    reader: _Reader, *, backend: str, traffic_percent: float, concurrency: int
+    reader: Reader, *, backend: str, traffic_percent: float, concurrency: int
 ) -> ServeSettings:
     """The served share's settings; ``KAFKA_SERVE_PERCENT`` may not exceed the judged share."""
+    env = SERVE.reader(reader)
     if backend == "kafka":
-        percent = reader.number("KAFKA_SERVE_PERCENT", 100.0, 0.0, 100.0)
+        percent = env.number("KAFKA_SERVE_PERCENT", 100.0, 0.0, 100.0)
         if percent != 100.0:
-            raise reader.error(
+            raise env.error(
                 "KAFKA_SERVE_PERCENT",
                 f"{percent:g} with MQ_BACKEND=kafka, which serves every task from Kafka: "
                 "leave it unset (or 100), or use MQ_BACKEND=split for a share",
             )
     else:
-        percent = reader.number("KAFKA_SERVE_PERCENT", 0.0, 0.0, 100.0)
+        percent = env.number("KAFKA_SERVE_PERCENT", 0.0, 0.0, 100.0)
         if percent > traffic_percent:
-            raise reader.error(
+            raise env.error(
                 "KAFKA_SERVE_PERCENT",
                 f"{percent:g} is above KAFKA_TRAFFIC_PERCENT={traffic_percent:g}: "
                 "only tasks the sidecar judges may be served from Kafka",
             )
         if percent > 0 and backend != "split":
-            raise reader.error(
+            raise env.error(
                 "KAFKA_SERVE_PERCENT", f"{percent:g} needs MQ_BACKEND=split (it is {backend})"
             )
-    prefetch = reader.integer("SERVE_PREFETCH", concurrency, minimum=1, maximum=concurrency)
-    return ServeSettings(
-        percent=percent,
-        prefetch=prefetch,
-        max_attempts=reader.integer("SERVE_MAX_ATTEMPTS", 3, minimum=1, maximum=100),
-        produce_timeout_ms=reader.integer("SERVE_PRODUCE_TIMEOUT_MS", 10000, minimum=100),
-        cap_refresh_s=reader.number("SERVE_CAP_REFRESH_S", 2.0, 0.05, 3600.0),
-        commit_interval_ms=reader.integer("SERVE_COMMIT_INTERVAL_MS", 100, minimum=0),
-        session_timeout_ms=reader.integer(
-            "SERVE_SESSION_TIMEOUT_MS", 15000, minimum=6000, maximum=300000
-        ),
-        revoke_wait_s=reader.number("SERVE_REVOKE_WAIT_S", 30.0, 0.0, 3600.0),
-        sticky_s=reader.number("SERVE_STICKY_S", 60.0, 0.0, 86400.0),
-        evidence_flush_s=reader.number("SERVE_EVIDENCE_FLUSH_S", 2.0, 0.05, 3600.0),
-        key_prefix=reader.required_text("SERVE_KEY_PREFIX", "ragflow_mq"),
-    )
+    prefetch = env.integer("SERVE_PREFETCH", concurrency, minimum=1, maximum=concurrency)
+    return SERVE.build(reader, percent=percent, prefetch=prefetch)
 
 
-def build_gate(reader: _Reader) -> GateSettings:
+def build_gate(reader: Reader) -> GateSettings:
     """The gate's thresholds; a warning level above its roll-back level is refused."""
-    gate = GateSettings(
-        min_sample=reader.integer("GATE_MIN_SAMPLE", 200, minimum=1),
-        min_match_percent=reader.number("GATE_MIN_MATCH_PERCENT", 99.9, 0.0, 100.0),
-        max_missing=reader.integer("GATE_MAX_MISSING", 0, minimum=0),
-        max_failure_delta_pp=reader.number("GATE_MAX_FAILURE_DELTA_PP", 1.0, 0.0, 100.0),
-        warn_failure_delta_pp=reader.number("GATE_WARN_FAILURE_DELTA_PP", 0.5, 0.0, 100.0),
-        max_p99_ratio=reader.number("GATE_MAX_P99_RATIO", 2.0, 1.0, 1000.0),
-        warn_p99_ratio=reader.number("GATE_WARN_P99_RATIO", 1.5, 1.0, 1000.0),
-        p99_floor_ms=reader.number("GATE_P99_FLOOR_MS", 1000.0, 0.0, 3_600_000.0),
-    )
+    gate = GATE.build(reader)
+    env = GATE.reader(reader)
     if gate.warn_failure_delta_pp > gate.max_failure_delta_pp:
-        raise reader.error(
-            "GATE_WARN_FAILURE_DELTA_PP", "must not be above GATE_MAX_FAILURE_DELTA_PP"
-        )
+        raise env.error("GATE_WARN_FAILURE_DELTA_PP", "must not be above GATE_MAX_FAILURE_DELTA_PP")
     if gate.warn_p99_ratio > gate.max_p99_ratio:
-        raise reader.error("GATE_WARN_P99_RATIO", "must not be above GATE_MAX_P99_RATIO")
+        raise env.error("GATE_WARN_P99_RATIO", "must not be above GATE_MAX_P99_RATIO")
     return gate
