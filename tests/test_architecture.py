@@ -120,7 +120,7 @@ def test_the_public_api_loads_on_first_use() -> None:
         "assert set(sidecar.__all__) == {'__version__', *sidecar._EXPORTS}\n"
         "for name in sidecar.__all__:\n"
         "    assert getattr(sidecar, name) is not None, name\n"
-        "assert sidecar.Settings.__module__ == 'sidecar.config'\n"
+        "assert sidecar.Settings is __import__('sidecar.config').config.Settings\n"
     )
     run = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
