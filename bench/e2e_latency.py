@@ -1,14 +1,14 @@
 """End-to-end latency of the whole sidecar at a steady rate: XADD to Kafka ack, to the shadow
 consumer, and to the verdict.
 
-On a local stack of its own, the bench starts the real ``ragflow-sidecar run`` (mirror, control,
+On a local stack of its own, the bench starts the real ``ragflow-sidecar run`` (mirror, redis run,
 shadow consumer, observer, judge) as a subprocess, waits for ``/readyz``, then XADDs
 RAGFlow-shaped tasks (``sidecar.dev.samples.ragflow_tasks``, all five kinds) at ``--rate`` per
 second for ``--seconds``, after ``--warmup-s`` not counted. Every entry's verdict is read back
 from ``ragflow.shadow.verdicts`` (``sidecar.verdicts.reader.read_verdicts``); its fields give, from
 the entry's XADD time (the entry id's milliseconds):
 
-- Kafka ack: ``timings.control.mirror_latency_ms``, when the mirror had Kafka's ack for the
+- Kafka ack: ``timings.redis_run.mirror_latency_ms``, when the mirror had Kafka's ack for the
   batch (the path ``bench/mirror_throughput.py`` measures on the mirror alone);
 - shadow start: ``timings.kafka.queue_wait_ms``, when the shadow consumer began the Kafka copy;
 - shadow done: that plus ``timings.kafka.processing_ms``;
@@ -143,7 +143,7 @@ def paths(verdict: dict[str, Any]) -> dict[str, float]:
     kafka = timings.get("kafka", {})
     wait, processing = kafka.get("queue_wait_ms"), kafka.get("processing_ms")
     found = {
-        "XADD -> Kafka ack (mirror)": timings.get("control", {}).get("mirror_latency_ms"),
+        "XADD -> Kafka ack (mirror)": timings.get("redis_run", {}).get("mirror_latency_ms"),
         "XADD -> shadow consumer start": wait,
         "XADD -> shadow consumer done": (
             wait + processing if wait is not None and processing is not None else None

@@ -2,7 +2,7 @@
 
 1. The mirror alone draining ``--mirror-entries`` RAGFlow-shaped tasks (its per-task path:
    decode, route, headers, produce, ack), as ``bench/mirror_throughput.py`` runs it.
-2. The whole sidecar (mirror, control, shadow consumer, judge; no observer) draining
+2. The whole sidecar (mirror, redis run, shadow consumer, judge; no observer) draining
    ``--entries`` tasks to their verdicts, as ``bench/tracing_overhead.py`` runs it.
 
 Each profile is printed as pyinstrument's text tree (frames under ``--min-percent`` of the

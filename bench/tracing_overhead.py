@@ -1,7 +1,7 @@
 """Tracing overhead: mirror + shadow throughput with tracing off, at 10 % and at 100 % sampling.
 
 One local stack (real Valkey and Kafka). Each run fills a fresh stream with ``--entries``
-RAGFlow-shaped tasks of all five kinds and drains it with a whole ``Sidecar`` (mirror, control,
+RAGFlow-shaped tasks of all five kinds and drains it with a whole ``Sidecar`` (mirror, redis run,
 shadow consumer, judge; no observer) until every entry has its verdict: entries per second from
 the sidecar's start to the last verdict, and the mirror's own rate (start to the last entry
 read). Then the mirror alone (its hot path, ~14k entries/s untraced) over ``--mirror-entries``.

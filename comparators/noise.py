@@ -17,7 +17,7 @@ from comparators.rules import TypeRules
 
 @dataclass(frozen=True, slots=True)
 class NoiseBaseline:
-    """Readable paths known to differ between control runs."""
+    """Readable paths known to differ between redis runs."""
 
     paths: frozenset[str] = frozenset()
 

@@ -21,6 +21,7 @@ from dashboards.panels import (
 )
 from dashboards.queries import (
     DRILL_DOWN_UID,
+    KINDS,
     MATCH_RATE_TARGET,
     OVERVIEW_UID,
     VERDICTS,
@@ -36,7 +37,7 @@ _MIRRORED = "ragflow_sidecar_mirrored_total"
 _SKIPPED = "ragflow_sidecar_skipped_total"
 _DEAD_LETTERED = "ragflow_sidecar_dead_lettered_total"
 _MISMATCHES = VERDICTS + '{verdict="mismatch"}'
-_MISSING = VERDICTS + '{verdict=~"missing_in_kafka|missing_primary"}'
+_MISSING = VERDICTS + '{verdict=~"missing_in_kafka|missing_in_redis"}'
 _TRAFFIC = Query("max(ragflow_sidecar_traffic_percent)", "configured")
 
 MIGRATION_STATE = Row(
@@ -116,8 +117,8 @@ VERDICT_ROW = Row(
         Graph(
             "Verdicts by kind",
             "Verdicts published per second: match, mismatch, missing_in_kafka, "
-            "missing_primary, error, and duplicate (a second Kafka copy of an entry).",
-            (Query(f"sum by (verdict) ({rate(VERDICTS)})", "{{verdict}}"),),
+            "missing_in_redis, error, and duplicate (a second Kafka copy of an entry).",
+            (Query(f"sum by (verdict) ({rate(KINDS)})", "{{verdict}}"),),
             "ops",
             stacked=True,
         ),
@@ -153,9 +154,9 @@ VERDICT_ROW = Row(
             links=(to_drill_down("Diff drill-down"),),
         ),
         Graph(
-            "Missing in Kafka / missing primary",
+            "Missing in Kafka / missing in Redis",
             "missing_in_kafka: Redis had the task, Kafka's copy never came. "
-            "missing_primary: Kafka had a task Redis never had.",
+            "missing_in_redis: Kafka had a task Redis never had.",
             (Query(f"sum by (verdict) ({rate(_MISSING)})", "{{verdict}}"),),
             "ops",
             width=8,

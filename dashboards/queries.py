@@ -29,9 +29,12 @@ MISMATCH_TRACES = '{ span.verdict = "mismatch" }'
 
 RATE = "$__rate_interval"
 RANGE = "$__range"
-# Final verdicts only: a duplicate verdict comes in addition to its entry's final verdict.
-FINAL = 'verdict!="duplicate"'
+# Final verdicts only: a duplicate verdict comes in addition to its entry's final verdict, and
+# `missing_primary` is the old name of `missing_in_redis`, exported beside it for one release.
+FINAL = 'verdict!~"duplicate|missing_primary"'
+# Every verdict kind once (without the old name exported for one release).
 VERDICTS = "ragflow_sidecar_verdicts_total"
+KINDS = VERDICTS + '{verdict!="missing_primary"}'
 
 
 class Query(NamedTuple):

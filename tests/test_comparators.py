@@ -520,22 +520,22 @@ def test_type_rules_check_themselves() -> None:
 # --- noise baseline -----------------------------------------------------------------------
 
 
-def control_run(finished_at: str, trace_id: str) -> dict[str, Any]:
+def redis_run(finished_at: str, trace_id: str) -> dict[str, Any]:
     return outcome(finished_at=finished_at, trace=[{"trace_id": trace_id, "span": "parse"}])
 
 
 def test_noise_baseline_separates_timestamps_and_random_ids() -> None:
     runs = [
-        control_run("2026-08-22 10:15:03.101", "a1f0"),
-        control_run("2026-08-22 10:15:03.487", "9c2e"),
-        control_run("2026-08-22 10:15:04.002", "77b1"),
+        redis_run("2026-08-22 10:15:03.101", "a1f0"),
+        redis_run("2026-08-22 10:15:03.487", "9c2e"),
+        redis_run("2026-08-22 10:15:04.002", "77b1"),
     ]
     baseline = NoiseBaseline.from_runs(runs)
     assert baseline.paths == {"finished_at", "trace[0].trace_id"}
 
-    candidate = control_run("2026-08-22 10:16:00.000", "0000")
-    candidate["pages"] = [0, 11]
-    differences = OutcomeComparator().compare(runs[0], candidate)
+    kafka_run = redis_run("2026-08-22 10:16:00.000", "0000")
+    kafka_run["pages"] = [0, 11]
+    differences = OutcomeComparator().compare(runs[0], kafka_run)
     assert len(differences) == 3
     real, noise = baseline.split(differences)
     assert paths(real) == ["pages[1]"]
@@ -558,7 +558,7 @@ def test_noise_below_a_noisy_path_is_noise() -> None:
 
 
 def test_with_one_run_nothing_is_noise() -> None:
-    baseline = NoiseBaseline.from_runs([control_run("t", "x")])
+    baseline = NoiseBaseline.from_runs([redis_run("t", "x")])
     assert baseline.paths == frozenset()
     difference = Difference("finished_at", "value_changed", "t", "u")
     assert baseline.split([difference]) == ([difference], [])

@@ -34,7 +34,7 @@ REQUIRED_PANELS = {
         "Verdicts by kind",
         "Mismatches by task type",
         "Mismatches by field",
-        "Missing in Kafka / missing primary",
+        "Missing in Kafka / missing in Redis",
         "Queue wait p50 / p99",
         "Processing p50 / p99",
         "Mirror latency p50 / p99",

@@ -230,13 +230,13 @@ def test_render_diff_shows_each_changed_field_side_by_side() -> None:
     assert "\x1b" not in plain
     assert all(len(line) <= 100 for line in lines), [len(line) for line in lines]
     # The header is packed onto as many lines as the width needs, never cut short.
-    heading = next(i for i, line in enumerate(lines) if "redis (control)" in line)
+    heading = next(i for i, line in enumerate(lines) if "redis run" in line)
     header = " ".join(lines[:heading])
     for part in ("MISMATCH", "parse", "task-1700000000000-7", "te.0.common 1700000000000-7"):
         assert part in header
     assert f"{PARSE_TOPIC}[3]@42" in header
-    assert "kafka (candidate)" in lines[heading]
-    assert lines[heading].index("redis (control)") < lines[heading].index("kafka (candidate)")
+    assert "kafka run" in lines[heading]
+    assert lines[heading].index("redis run") < lines[heading].index("kafka run")
     assert len(render_diff(record, color=False, width=200).splitlines()) == len(lines) - 1
 
     def row(path: str) -> list[str]:

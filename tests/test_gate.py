@@ -224,7 +224,7 @@ def test_missing_verdicts_and_a_low_match_rate_roll_back(gate: Gate) -> None:
     assert report["judged"]["mismatch"] == report["judged"]["missing_in_kafka"] == 1
     verdicts = {check["check"]: check["verdict"] for check in report["checks"]}
     assert verdicts["match rate"] == "rollback"
-    assert verdicts["missing_in_kafka + missing_primary"] == "rollback"
+    assert verdicts["missing_in_kafka + missing_in_redis"] == "rollback"
     assert report["served"]["kafka"]["finished"] == 100
     assert report["served"]["kafka"]["processing_p99_ms"] == 1000
     assert report["share"] == {"judged": 50, "served": 20, "cap": None, "served_effective": 20}

@@ -7,7 +7,7 @@ duplicate keys, 2 MB values). An oracle written here, independent of the mirror'
 says where each entry must end; the entries are mirrored in-process and read back from Kafka up
 to the end offsets, and reconcile's accounting must agree. The shadow side writes records
 straight into the task topics (broken values; headers missing, not UTF-8, doubled, huge): the
-shadow must commit past each, record its candidate side (so it gets a verdict), and dead-letter
+shadow must commit past each, record its kafka run (so it gets a verdict), and dead-letter
 exactly those whose value is no task. Deterministic regression tests pin each bug found.
 """
 
@@ -751,7 +751,7 @@ async def check_shadow_outcome(
     batch: Sequence[KafkaRecord],
     where: Sequence[tuple[int, int]],
 ) -> Counter[str]:
-    """The shadow committed past every record; each has its candidate side in the join (so a
+    """The shadow committed past every record; each has its kafka run in the join (so a
     verdict), and is in the DLQ once, with its bytes, exactly when its value is no task."""
     last: dict[TopicPartition, int] = {}
     for record, (partition, offset) in zip(batch, where, strict=True):
@@ -778,7 +778,7 @@ async def check_shadow_outcome(
             partition,
             offset,
         )
-        assert await client.hexists(ref.key, "candidate"), ("no candidate side", ref, record)
+        assert await client.hexists(ref.key, "kafka_run"), ("no kafka run", ref, record)
         reason = shadow_dlq_reason(record.value)
         letter = dead_by_source.get(f"{record.topic}|{partition}:{offset}")
         if reason is None:
@@ -867,10 +867,10 @@ async def test_shadow_survives_what_used_to_stop_it_and_judges_every_record(
     where = await produce_records(shadow_run.producer, unique, batch)
     ends = await check_shadow_outcome(shadow_run, valkey_client, tail, unique, batch, where)
     assert ends == Counter(reason or "handled" for _, _, reason in SHADOW_BUGS.values())
-    # Each is judged: none has a Redis counterpart, so missing_primary once the timeout passes.
+    # Each is judged: none has a Redis counterpart, so missing_in_redis once the timeout passes.
     refs = {shadow_ref(r, p, o) for r, (p, o) in zip(batch, where, strict=True)}
     finals = await final_verdicts(settings, refs)
-    assert finals == Counter((ref.stream, ref.entry_id, "missing_primary") for ref in refs)
+    assert finals == Counter((ref.stream, ref.entry_id, "missing_in_redis") for ref in refs)
 
 
 async def final_verdicts(

@@ -1,4 +1,4 @@
-"""The primary observer against the real Valkey: RAGFlow's group is watched, never touched."""
+"""The worker observer against the real Valkey: RAGFlow's group is watched, never touched."""
 
 from __future__ import annotations
 
@@ -17,13 +17,13 @@ from valkey import exceptions as valkey_errors
 
 from sidecar.app.wiring import ValkeyClient, observer_client
 from sidecar.config import Secret, Settings
-from sidecar.observer import COMMANDS_USED, PrimaryDelivery, PrimaryObserver
+from sidecar.observer import COMMANDS_USED, WorkerDelivery, WorkerObserver
 from tests.mirror_support import RAGFLOW_GROUP, group_state, ragflow_tasks
 
 CONSUMER = "task_executor_x_0"
 OTHER = "task_executor_y_0"
 
-MakeObserver = Callable[..., Awaitable[PrimaryObserver]]
+MakeObserver = Callable[..., Awaitable[WorkerObserver]]
 
 
 def now_ms() -> int:
@@ -60,24 +60,24 @@ async def ack(client: avalkey.Valkey, stream: str, entry_id: str) -> None:
     assert await client.xack(stream, RAGFLOW_GROUP, entry_id) == 1
 
 
-def ids_of(records: list[PrimaryDelivery]) -> list[str]:
+def ids_of(records: list[WorkerDelivery]) -> list[str]:
     return [r.entry_id for r in records]
 
 
 @pytest.fixture
 async def observers(settings: Settings) -> AsyncIterator[MakeObserver]:
     """Started observers on the test's streams; stopped afterwards."""
-    made: list[PrimaryObserver] = []
+    made: list[WorkerObserver] = []
     clients: list[ValkeyClient] = []
 
-    async def make(streams: list[str], **kwargs: Any) -> PrimaryObserver:
+    async def make(streams: list[str], **kwargs: Any) -> WorkerObserver:
         kwargs.setdefault("interval_ms", 10)
         redis = kwargs.pop("redis", settings.redis)
         if "client" not in kwargs:
             clients.append(observer_client(redis))
             await clients[-1].start()
             kwargs["client"] = clients[-1].client
-        observer = PrimaryObserver(redis, streams, **kwargs)
+        observer = WorkerObserver(redis, streams, **kwargs)
         await observer.start()
         made.append(observer)
         return observer
@@ -93,9 +93,9 @@ async def test_a_ragflow_worker_s_entries_are_each_reported_once_with_consumer_a
     valkey_client: avalkey.Valkey, unique: str, observers: MakeObserver
 ) -> None:
     ids = await ragflow_stream(valkey_client, unique, 6)
-    called: list[PrimaryDelivery] = []
+    called: list[WorkerDelivery] = []
 
-    async def on_delivery(record: PrimaryDelivery) -> None:
+    async def on_delivery(record: WorkerDelivery) -> None:
         called.append(record)
 
     observer = await observers([unique], on_delivery=on_delivery)
@@ -116,7 +116,7 @@ async def test_a_ragflow_worker_s_entries_are_each_reported_once_with_consumer_a
             timing[entry_id] = (asked, got, acking)
 
     working = asyncio.create_task(worker())
-    reported: list[PrimaryDelivery] = []
+    reported: list[WorkerDelivery] = []
     deadline = time.monotonic() + 30
     while len(reported) < len(ids) or not working.done():
         assert time.monotonic() < deadline, f"reported {ids_of(reported)} of {ids}"
@@ -464,10 +464,10 @@ async def test_run_reports_through_on_delivery_survives_a_blip_and_stops_promptl
 ) -> None:
     client = avalkey.Valkey(**settings.redis.client_kwargs())
     ids = await ragflow_stream(client, unique, 3)
-    got: list[PrimaryDelivery] = []
+    got: list[WorkerDelivery] = []
     all_in = asyncio.Event()
 
-    async def on_delivery(record: PrimaryDelivery) -> None:
+    async def on_delivery(record: WorkerDelivery) -> None:
         got.append(record)
         if len(got) == len(ids):
             all_in.set()
@@ -487,7 +487,7 @@ async def test_run_reports_through_on_delivery_survives_a_blip_and_stops_promptl
 
     monkeypatch.setattr(client, "xinfo_groups", flaky_xinfo_groups)
     caplog.set_level(logging.DEBUG, logger="sidecar.observer.observer")
-    observer = PrimaryObserver(
+    observer = WorkerObserver(
         settings.redis, [unique], interval_ms=10, on_delivery=on_delivery, client=client
     )
     try:

@@ -236,7 +236,7 @@ async def one_round(
     # Two broken entries for the mirror's DLQ: no `message` field, and a message that is no JSON.
     await client.xadd(low, {"not_message": b"x"})
     await client.xadd(low, {"message": b"{not json"})
-    async with KafkaProducer(settings.kafka) as producer:  # missing_primary
+    async with KafkaProducer(settings.kafka) as producer:  # missing_in_redis
         await producer.send(
             PARSE_TOPIC,
             encode_task(ragflow_tasks(1)[0]),
@@ -289,7 +289,7 @@ async def test_every_dashboard_query_returns_data(
                     f"round {round_no}'s verdicts scraped", f"sum({VERDICTS})", published
                 )
             kinds = Counter(v["verdict"] for v in verdicts)
-            faults = ("mismatch", "missing_in_kafka", "missing_primary", "duplicate", "error")
+            faults = ("mismatch", "missing_in_kafka", "missing_in_redis", "duplicate", "error")
             assert kinds == {"match": expected - 10, **dict.fromkeys(faults, 2)}, kinds
             # Two more scrapes after the last verdict, so every series has samples enough.
             scrapes = f"sum(count_over_time({UP}[10m]))"

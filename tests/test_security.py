@@ -360,9 +360,9 @@ async def test_a_command_refused_inside_the_join_script_is_named_too(
     ]
     async with running_judge(config) as judge:
         with pytest.raises(AuthenticationError) as refused:
-            await judge.record("candidate", arrivals)
+            await judge.record("kafka_run", arrivals)
     message = str(refused.value)
-    assert "the user may not record the candidate side (EVALSHA in a pipeline: " in message
+    assert "the user may not record the kafka run (EVALSHA in a pipeline: " in message
     assert f"User {user} has no permissions to run the 'hincrby' command" in message
     assert message.endswith("; see docs/security.md") and len(message) < 400, message
     assert unique not in message.replace(user, "")  # no key, fact or value of the call

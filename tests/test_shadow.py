@@ -91,13 +91,13 @@ async def test_every_verdict_kind_from_a_real_scenario(
         "match": 27,
         "mismatch": 1,
         "missing_in_kafka": 1,
-        "missing_primary": 1,
+        "missing_in_redis": 1,
         "error": 1,
     }, kinds
     expected = {(high, i) for i in high_ids} | {(low, i) for i in low_ids} | {(low, "1-0")}
     assert set(by_entry) == expected
     assert by_entry[dropped]["verdict"] == "missing_in_kafka"
-    assert by_entry[low, "1-0"]["verdict"] == "missing_primary"
+    assert by_entry[low, "1-0"]["verdict"] == "missing_in_redis"
     assert by_entry[exploded]["verdict"] == "error"
     assert "cannot handle task" in str(by_entry[exploded]["error"])
     mismatch = by_entry[changed]
@@ -111,7 +111,7 @@ async def test_every_verdict_kind_from_a_real_scenario(
     assert len({v["verdict_id"] for v in verdicts}) == len(verdicts)
     for verdict in by_entry.values():
         if verdict["verdict"] == "match":
-            assert verdict["control_digest"] == verdict["candidate_digest"] is not None
+            assert verdict["redis_run_digest"] == verdict["kafka_run_digest"] is not None
     # The failing task went to the DLQ after its three attempts, with its bytes.
     dead = [m for m in await read_mirrored(settings, {low}, 1) if m.topic == DLQ_TOPIC]
     assert len(dead) == 1
@@ -200,7 +200,7 @@ async def test_a_served_record_is_skipped_and_gets_no_verdict(
             if sidecar.shadow.stats.skipped_served:
                 break
             await asyncio.sleep(0.05)
-        # Past the compare timeout (3 s): a record the shadow ran would be missing_primary.
+        # Past the compare timeout (3 s): a record the shadow ran would be missing_in_redis.
         await asyncio.sleep(4)
         served_ref = (f"kafka:{served.destination}", f"{served.partition}-{served.offset}")
         verdicts = finals(await read_verdicts(settings, {stream, served_ref[0]}, expected=1))

@@ -468,7 +468,7 @@ def test_diff_event_is_redacted_and_capped() -> None:
 
 def test_sampler_forces_bad_verdicts_and_follows_links() -> None:
     never = VerdictSampler(ALWAYS_OFF, follow_links=True)
-    for verdict in ("mismatch", "error", "missing_in_kafka", "missing_primary"):
+    for verdict in ("mismatch", "error", "missing_in_kafka", "missing_in_redis"):
         result = never.should_sample(None, 1, "compare", SpanKind.INTERNAL, {"verdict": verdict})
         assert result.decision is Decision.RECORD_AND_SAMPLE, verdict
     for verdict in ("match", "duplicate"):
@@ -519,7 +519,7 @@ async def test_http_protobuf_export() -> None:
         ).tracing
         tracing = Tracing(settings)
         await tracing.start()
-        record = VerdictRecord("missing_primary", "s", "1-0", "t", "parse", 0, "me")
+        record = VerdictRecord("missing_in_redis", "s", "1-0", "t", "parse", 0, "me")
         compare_span(tracing, record, time.time_ns(), ({"traceparent": UPSTREAM},))
         await tracing.stop()
     finally:

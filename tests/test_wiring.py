@@ -10,7 +10,7 @@ from sidecar.app.wiring import Assembly, ValkeyClient
 from sidecar.config import Settings
 from sidecar.errors import ServiceUnavailableError, SidecarError
 from sidecar.lifecycle import Lifecycle
-from sidecar.observer.observer import PrimaryObserver
+from sidecar.observer.observer import WorkerObserver
 
 
 class Part(Lifecycle):
@@ -55,10 +55,10 @@ async def test_a_failed_start_stops_what_it_started_and_nothing_else() -> None:
 async def test_a_sidecar_that_fails_to_start_leaves_no_client_open(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async def away(self: PrimaryObserver) -> None:
+    async def away(self: WorkerObserver) -> None:
         raise ServiceUnavailableError("Valkey went away")
 
-    monkeypatch.setattr(PrimaryObserver, "_start", away)
+    monkeypatch.setattr(WorkerObserver, "_start", away)
     sidecar = Sidecar(settings, mirror=False, shadow=False)
     parts = sidecar._parts.parts
     clients = [part for part in parts if isinstance(part, ValkeyClient)]

@@ -8,6 +8,7 @@ dashboards query those names (a test checks each panel's query against a real Pr
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 
 from sidecar.errors import DECODE_REASONS
 from sidecar.mirror.mirror import Mirror
@@ -15,6 +16,7 @@ from sidecar.shadow.shadow import ShadowConsumer
 from sidecar.telemetry.health import Health
 from sidecar.telemetry.metrics import SidecarMetrics, counts
 from sidecar.verdicts.judge import JudgeStats
+from sidecar.verdicts.model import RENAMED_VERDICTS
 
 # The label sets known in advance, exported at 0 from start-up: a dashboard shows 0, not
 # "No data", before the first dead letter or skipped task (and a rate() has a start point).
@@ -61,7 +63,7 @@ def register_metrics(
     metrics.observe_counter(
         "verdicts",
         "verdicts published",
-        lambda: counts(judge_stats.by_type, "verdict", "task_type"),
+        lambda: _with_renamed(counts(judge_stats.by_type, "verdict", "task_type")),
     )
     metrics.observe_counter(
         "mismatches",
@@ -137,3 +139,17 @@ def _bounded(metrics: SidecarMetrics, fields: Counter[str]) -> Counter[str]:
     for path, n in fields.items():
         bounded[metrics.field_label(path)] += n
     return bounded
+
+
+def _with_renamed(
+    series: list[tuple[Mapping[str, str], float]],
+) -> list[tuple[Mapping[str, str], float]]:
+    """Each renamed verdict also under its old name, for one release (docs/metrics.md): a
+    dashboard or alert on ``verdict="missing_primary"`` keeps working meanwhile."""
+    old_names: dict[str, str] = {new: old for old, new in RENAMED_VERDICTS.items()}
+    aliases = [
+        ({**labels, "verdict": old_names[labels["verdict"]]}, value)
+        for labels, value in series
+        if labels.get("verdict") in old_names
+    ]
+    return series + aliases

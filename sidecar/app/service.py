@@ -1,4 +1,4 @@
-"""``ragflow-sidecar run``: the mirror, the shadow consumer, the primary observer and the
+"""``ragflow-sidecar run``: the mirror, the shadow consumer, the worker observer and the
 verdicts' sweeper in one process, the usual deployment beside RAGFlow.
 
 The same class runs a part of it for a split deployment: ``mirror --compare`` (mirror, control
@@ -32,10 +32,10 @@ from sidecar.config import Settings
 from sidecar.errors import SidecarError
 from sidecar.lifecycle import Lifecycle
 from sidecar.mirror.mirror import RecordTransform
-from sidecar.observer import PrimaryDelivery, PrimaryObserver
+from sidecar.observer import WorkerDelivery, WorkerObserver
 from sidecar.serve.served_metrics import ServedEvidencePoller, register_served_metrics
 from sidecar.shadow.handlers import NamedHandler, load_handler
-from sidecar.shadow.replay import ControlRecorder
+from sidecar.shadow.replay import RedisRunRecorder
 from sidecar.shadow.shadow import ShadowConsumer
 from sidecar.telemetry.health import Health, HealthServer
 from sidecar.telemetry.metrics import SidecarMetrics
@@ -77,7 +77,7 @@ class Sidecar(Lifecycle):
         self.join_client = compared.join.client  # also the readiness probe's
         self.judge = compared.judge(settings, self.tracing)
         self.sweeper = Sweeper(self.judge, compared.progress)
-        self._control = ControlRecorder(
+        self._control = RedisRunRecorder(
             self.judge, handler, settings.shadow.noise_runs, client=self.join_client
         )
         mirrored = MirrorClients.build(settings) if mirror else None
@@ -102,11 +102,11 @@ class Sidecar(Lifecycle):
         )
         observed = observer_client(settings.redis) if observer else None
         self.observer = (
-            PrimaryObserver(
+            WorkerObserver(
                 settings.redis,
                 settings.mirror.streams,
                 interval_ms=settings.shadow.observer_interval_ms,
-                on_delivery=self._record_primary,
+                on_delivery=self._record_worker,
                 client=observed.client,
             )
             if observed
@@ -284,7 +284,7 @@ class Sidecar(Lifecycle):
             self.metrics.queue_wait.record(queue_wait_ms, path)
         self.metrics.processing.record(processing_ms, path)
 
-    async def _record_primary(self, delivery: PrimaryDelivery) -> None:
+    async def _record_worker(self, delivery: WorkerDelivery) -> None:
         path = {"path": "redis"}
         if delivery.queue_wait_ms is not None:
             self.metrics.queue_wait.record(delivery.queue_wait_ms, path)
@@ -296,7 +296,7 @@ class Sidecar(Lifecycle):
             "processing_ms": delivery.processing_ms,
         }
         ref = EntryRef(delivery.stream, delivery.entry_id)
-        await self.judge.record("primary", [Arrival(ref, json.dumps(facts).encode())])
+        await self.judge.record("worker", [Arrival(ref, json.dumps(facts).encode())])
 
 
 def _severity(exc: BaseException) -> int:

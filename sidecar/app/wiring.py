@@ -6,7 +6,7 @@ mirror``) and handed to them; the root starts the clients before the parts and s
 after. Which are shared:
 
 - the join's Valkey client (:class:`CompareClients`): the judge, the sweeper, the shadow
-  consumer, the control side, the served-share poller and the readiness probe;
+  consumer, the redis run, the served-share poller and the readiness probe;
 - one producer for what the sidecar publishes itself: verdicts and the shadow's dead letters;
 - the mirror's own Valkey client and producer (:class:`MirrorClients`): its XREADGROUP blocks a
   connection for up to ``MIRROR_BLOCK_MS``, and it restarts its producer when Kafka refuses the
@@ -69,7 +69,7 @@ class ValkeyClient(Lifecycle):
 
 
 def observer_client(settings: RedisSettings) -> ValkeyClient:
-    """The primary observer's client: its own, for its socket timeout."""
+    """The worker observer's client: its own, for its socket timeout."""
     return ValkeyClient(settings, socket_timeout=OBSERVER_SOCKET_TIMEOUT_S)
 
 

@@ -21,8 +21,8 @@ _GREEN: Final = "\x1b[32m"
 _DIM: Final = "\x1b[2m"
 _RESET: Final = "\x1b[0m"
 
-REDIS_HEADING: Final = "redis (control)"
-KAFKA_HEADING: Final = "kafka (candidate)"
+REDIS_HEADING: Final = "redis run"
+KAFKA_HEADING: Final = "kafka run"
 
 
 def render_diff(record: Mapping[str, Any], *, color: bool, width: int = 100) -> str:
@@ -42,8 +42,9 @@ def render_diff(record: Mapping[str, Any], *, color: bool, width: int = 100) -> 
     differences = [d for d in record.get("differences") or [] if isinstance(d, Mapping)]
     if not differences:
         digests = (
-            f"  no field differences recorded; digest {record.get('control_digest')} (redis), "
-            f"{record.get('candidate_digest')} (kafka)"
+            "  no field differences recorded; digest "
+            f"{record.get('redis_run_digest')} (redis run), "
+            f"{record.get('kafka_run_digest')} (kafka run)"
         )
         return "\n".join([*lines, _cut(_printable(digests), width)])
 

@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
         "mirror", help="tail RAGFlow's streams and dual-write them to Kafka"
     )
     mirror.add_argument(
-        "--compare", action="store_true", help="also record the control side for the shadow"
+        "--compare", action="store_true", help="also record the redis run for the shadow"
     )
     commands.add_parser("run", help="mirror, shadow, observer and verdicts in one process")
     commands.add_parser("shadow", help="shadow-consume Kafka, observe RAGFlow, publish verdicts")

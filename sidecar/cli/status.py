@@ -25,7 +25,7 @@ from sidecar.transport.kafka import translate_kafka_errors
 from sidecar.transport.lag import stream_lag
 from sidecar.transport.topics import DLQ_TOPIC, TASK_TOPICS
 from sidecar.transport.valkey_client import create_client, translate_valkey_errors
-from sidecar.verdicts.model import VERDICT_COUNTS_KEY, VERDICTS
+from sidecar.verdicts.model import VERDICT_COUNTS_KEY, VERDICTS, canonical_verdict
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +135,9 @@ def _counts(raw: dict[Any, Any]) -> dict[str, int]:
     counts: dict[str, int] = dict.fromkeys(VERDICTS, 0)
     for name, value in raw.items():
         try:
-            counts[as_text(name)] = int(value)
+            # A count kept by the previous release under an old name adds to the new one.
+            kind = canonical_verdict(as_text(name))
+            counts[kind] = counts.get(kind, 0) + int(value)
         except ValueError:
             logger.warning("verdict count %s is not a number: %r", as_text(name), value)
     return counts

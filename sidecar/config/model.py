@@ -60,7 +60,7 @@ class ShadowSettings:
     max_concurrent_tasks: int = 5
     max_attempts: int = 3
     retry_backoff_ms: int = 500
-    noise_runs: int = 0  # extra control runs; paths differing between them are noise
+    noise_runs: int = 0  # extra redis runs; paths differing between them are noise
     compare_timeout_s: float = 300.0
     join_ttl_s: int = 7 * 86400
     # One key per processed entry: a day covers any replay, and keeps RAGFlow's small Valkey

@@ -45,7 +45,7 @@ class GateSettings:
 
     min_sample: int = 200  # tasks per path, and judged verdicts, below which it holds
     min_match_percent: float = 99.9  # judged tasks matching; below: roll back
-    max_missing: int = 0  # missing_in_kafka + missing_primary verdicts; above: roll back
+    max_missing: int = 0  # missing_in_kafka + missing_in_redis verdicts; above: roll back
     max_failure_delta_pp: float = 1.0  # Kafka failure rate minus Redis, points; above: roll back
     warn_failure_delta_pp: float = 0.5  # above: hold
     max_p99_ratio: float = 2.0  # Kafka processing p99 over Redis's; above: roll back

@@ -3,7 +3,7 @@
 Starts real Valkey and Kafka, creates the topics, and then, as RAGFlow would, enqueues
 RAGFlow-shaped tasks of every kind (some at priority 1, plus a few broken entries) while a
 RAGFlow-like worker consumes them in RAGFlow's own group. The whole sidecar (mirror, shadow
-consumer, primary observer, judge) runs in this process at ``KAFKA_TRAFFIC_PERCENT`` (default
+consumer, worker observer, judge) runs in this process at ``KAFKA_TRAFFIC_PERCENT`` (default
 50 here), with a live progress line, and the demo ends with a summary table and sample diffs.
 ``--inject-faults`` changes, drops or doubles a few Kafka copies so that every verdict kind
 shows up.

@@ -3,7 +3,7 @@
 Used by ``make demo --inject-faults`` and by the tests, never by default. The injector sits in
 the mirror between routing and producing: it may change one field of the Kafka copy (the
 comparison must report a ``mismatch`` naming that field), drop the copy (``missing_in_kafka``)
-or send it twice (``duplicate``). The Redis copy, and so the control, is never touched.
+or send it twice (``duplicate``). The Redis copy, and so the redis run, is never touched.
 """
 
 from __future__ import annotations

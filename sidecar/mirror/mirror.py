@@ -43,7 +43,7 @@ from sidecar.transport.valkey_client import translate_valkey_errors
 logger = logging.getLogger(__name__)
 
 # Called with each batch's mirrored entries and their records, after Kafka has them and before
-# they are XACKed: the control side of the comparison (sidecar.shadow.replay).
+# they are XACKed: the redis run of the comparison (sidecar.shadow.replay).
 AfterProduce = Callable[[list[tuple[QueueMessage, OutgoingMessage]]], Awaitable[None]]
 # Turns a planned record into the records actually sent (sidecar.dev.faults, demo and tests only).
 RecordTransform = Callable[[QueueMessage, OutgoingMessage], list[OutgoingMessage]]
@@ -197,7 +197,7 @@ class Mirror(Lifecycle):
             if trace is not None:
                 trace.finish()
         if self._after_produce is not None and (mirrored or dropped):
-            # The control is the Redis copy: recorded once per entry, whatever was sent.
+            # The redis run is of the Redis copy: recorded once per entry, whatever was sent.
             once = {(m.topic, m.id): (m, record) for m, record in mirrored + dropped}
             await self._after_produce(list(once.values()))
         await self._consumer.ack_many(settled + done)

@@ -1,4 +1,4 @@
-"""The primary observer: watch RAGFlow's own consumer group, read-only, and time its deliveries.
+"""The worker observer: watch RAGFlow's own consumer group, read-only, and time its deliveries.
 
 RAGFlow's task executors read ``te.1.common``/``te.0.common`` in ``rag_flow_svr_task_broker``
 and XACK when done. The observer never joins that group: it only looks at it, so the Redis
@@ -30,7 +30,7 @@ Rules:
   delivered and acked between two rounds: reported with ``exact=False``, ``consumer=None``,
   ``deliveries=1`` and ``delivered_ms = acked_ms`` = this round's time (upper bounds);
   its ``processing_ms`` is None (only known to be under one interval).
-- Baseline: the first round for a stream (at :meth:`PrimaryObserver.start`, or when a stream or
+- Baseline: the first round for a stream (at :meth:`WorkerObserver.start`, or when a stream or
   group first appears or reappears) records ``last-delivered-id`` and tracks what is pending
   without reporting anything. Entries delivered and acked before it are never reported;
   entries pending at it are reported when acked, with what is known.
@@ -67,9 +67,9 @@ from sidecar.lifecycle import Lifecycle
 from sidecar.observer.reads import GroupGone, GroupReader
 from sidecar.observer.state import (
     Pending,
-    PrimaryDelivery,
     StreamState,
     Tracked,
+    WorkerDelivery,
     inferred_delivery,
     tracked_delivery,
 )
@@ -91,10 +91,10 @@ DEFAULT_PAGE_SIZE = 1000
 DEFAULT_MAX_PER_ROUND = 10_000
 DEFAULT_MAX_TRACKED = 100_000
 
-OnDelivery = Callable[["PrimaryDelivery"], Awaitable[None]]
+OnDelivery = Callable[["WorkerDelivery"], Awaitable[None]]
 
 
-class PrimaryObserver(Lifecycle):
+class WorkerObserver(Lifecycle):
     """Watches RAGFlow's consumer group read-only; reports each entry once it is acked."""
 
     def __init__(
@@ -134,7 +134,7 @@ class PrimaryObserver(Lifecycle):
     @classmethod
     def from_settings(
         cls, settings: Settings, streams: Sequence[str] | None = None, **kwargs: Any
-    ) -> PrimaryObserver:
+    ) -> WorkerObserver:
         """Observe ``streams`` (default: the mirror's) every ``OBSERVER_INTERVAL_MS``."""
         return cls(
             settings.redis,
@@ -154,7 +154,7 @@ class PrimaryObserver(Lifecycle):
     async def _stop(self) -> None:
         """Nothing to release: the client is the caller's."""
 
-    def pending(self) -> list[PrimaryDelivery]:
+    def pending(self) -> list[WorkerDelivery]:
         """The entries tracked as delivered and not acked yet, as last seen."""
         return [
             tracked_delivery(stream, sid, entry, acked_ms=None)
@@ -162,7 +162,7 @@ class PrimaryObserver(Lifecycle):
             for sid, entry in sorted(state.tracked.items())
         ]
 
-    async def poll_once(self) -> list[PrimaryDelivery]:
+    async def poll_once(self) -> list[WorkerDelivery]:
         """One observation round: the entries seen acked since the last one, in stream order.
 
         ``on_delivery`` is called for each, stream by stream; an exception it raises is logged
@@ -210,9 +210,9 @@ class PrimaryObserver(Lifecycle):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=remaining)
 
-    async def _round(self) -> list[PrimaryDelivery]:
+    async def _round(self) -> list[WorkerDelivery]:
         async with self._round_lock:
-            reported: list[PrimaryDelivery] = []
+            reported: list[WorkerDelivery] = []
             for stream in self.streams:
                 records = await self._observe(stream, self._states[stream])
                 for record in records:
@@ -220,7 +220,7 @@ class PrimaryObserver(Lifecycle):
                 reported += records
             return reported
 
-    async def _notify(self, record: PrimaryDelivery) -> None:
+    async def _notify(self, record: WorkerDelivery) -> None:
         if self._on_delivery is None:
             return
         try:
@@ -232,14 +232,14 @@ class PrimaryObserver(Lifecycle):
         except Exception:
             logger.exception("on_delivery failed for %s %s", record.stream, record.entry_id)
 
-    async def _observe(self, stream: str, state: StreamState) -> list[PrimaryDelivery]:
+    async def _observe(self, stream: str, state: StreamState) -> list[WorkerDelivery]:
         try:
             return await self._observe_group(stream, state)
         except GroupGone:
             # Gone between XINFO and XPENDING: change nothing, the next round sees it missing.
             return []
 
-    async def _observe_group(self, stream: str, state: StreamState) -> list[PrimaryDelivery]:
+    async def _observe_group(self, stream: str, state: StreamState) -> list[WorkerDelivery]:
         reader = GroupReader(
             self.client, self.group, self._where, self._page_size, self._max_per_round
         )
@@ -307,7 +307,7 @@ class PrimaryObserver(Lifecycle):
             new_cursor = cursor
 
         now = now_ms()
-        records: list[PrimaryDelivery] = []
+        records: list[WorkerDelivery] = []
         for sid in delivered:
             if sid in state.tracked or sid in state.reported_ahead or sid in pending:
                 continue

@@ -8,7 +8,7 @@ from sidecar.observer.stream_ids import StreamId, format_stream_id
 
 
 @dataclass(frozen=True, slots=True)
-class PrimaryDelivery:
+class WorkerDelivery:
     """What the observer knows of one entry's delivery in RAGFlow's group."""
 
     stream: str
@@ -55,9 +55,9 @@ class Tracked:
 
 def tracked_delivery(
     stream: str, sid: StreamId, entry: Tracked, acked_ms: int | None
-) -> PrimaryDelivery:
+) -> WorkerDelivery:
     """What is known of a tracked entry; ``acked_ms`` None while it is still pending."""
-    return PrimaryDelivery(
+    return WorkerDelivery(
         stream=stream,
         entry_id=format_stream_id(sid),
         enqueued_ms=sid[0],
@@ -69,10 +69,10 @@ def tracked_delivery(
     )
 
 
-def inferred_delivery(stream: str, sid: StreamId, now: int) -> PrimaryDelivery:
+def inferred_delivery(stream: str, sid: StreamId, now: int) -> WorkerDelivery:
     """An entry delivered and acked between two rounds, both at ``now`` (upper bounds)."""
     when = max(now, sid[0])
-    return PrimaryDelivery(
+    return WorkerDelivery(
         stream=stream,
         entry_id=format_stream_id(sid),
         enqueued_ms=sid[0],

@@ -20,7 +20,7 @@ HOLD: Final = 1
 ROLLBACK: Final = 3
 DECISIONS: Final = {PROMOTE: "promote", HOLD: "hold", ROLLBACK: "rollback"}
 CheckVerdict = Literal["ok", "hold", "rollback", "n/a"]
-FINAL_VERDICTS: Final = ("match", "mismatch", "missing_in_kafka", "missing_primary", "error")
+FINAL_VERDICTS: Final = ("match", "mismatch", "missing_in_kafka", "missing_in_redis", "error")
 
 
 @dataclass
@@ -121,17 +121,17 @@ def _judged_checks(gate: GateSettings, judged: Judged) -> list[Check]:
             )
         )
     missing_in_kafka = judged.kinds["missing_in_kafka"]
-    missing_primary = judged.kinds["missing_primary"]
-    missing = missing_in_kafka + missing_primary
+    missing_in_redis = judged.kinds["missing_in_redis"]
+    missing = missing_in_kafka + missing_in_redis
     over = missing > gate.max_missing
     checks.append(
         Check(
-            "missing_in_kafka + missing_primary",
+            "missing_in_kafka + missing_in_redis",
             missing,
-            f"{missing} ({missing_in_kafka} + {missing_primary})",
+            f"{missing} ({missing_in_kafka} + {missing_in_redis})",
             f"≤ {gate.max_missing}",
             "rollback" if over else "ok",
-            f"{missing_in_kafka} missing_in_kafka + {missing_primary} missing_primary > "
+            f"{missing_in_kafka} missing_in_kafka + {missing_in_redis} missing_in_redis > "
             f"GATE_MAX_MISSING={gate.max_missing}"
             if over
             else "",

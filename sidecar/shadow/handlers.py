@@ -1,6 +1,6 @@
 """The handler the shadow comparison runs on both copies of a task, and how it is run.
 
-The runner calls one handler on the Redis copy (control) and on the Kafka copy (candidate) and
+The runner calls one handler on the Redis copy (redis run) and on the Kafka copy (kafka run) and
 compares the two :class:`HandlerResult` values. Handlers are side-effect free: anything they
 need from the outside (the ``{task_id}-cancel`` key) is looked up by the runner beforehand and
 passed in :class:`TaskMeta`.

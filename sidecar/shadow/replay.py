@@ -1,7 +1,7 @@
-"""The control side: the shadow handler run on the copy the mirror read from Redis.
+"""The redis run: the shadow handler run on the copy the mirror read from Redis.
 
-The mirror calls a :class:`ControlRecorder` with each batch it put in Kafka, before it XACKs
-the batch, so a crash replays the control too (the join stores a side once). With
+The mirror calls a :class:`RedisRunRecorder` with each batch it put in Kafka, before it XACKs
+the batch, so a crash replays the redis run too (the join stores a side once). With
 ``SHADOW_NOISE_RUNS`` the handler runs that many extra times; paths that differ between those
 runs are noise and are excluded from the comparison with the Kafka path.
 """
@@ -39,8 +39,8 @@ def value_sha(value: bytes) -> str:
     return hashlib.sha256(value).hexdigest()
 
 
-class ControlRecorder:
-    """Runs the handler on the Redis copies of a mirrored batch and records them as control."""
+class RedisRunRecorder:
+    """Runs the handler on the Redis copies of a mirrored batch and records the redis runs."""
 
     def __init__(
         self, judge: Judge, handler: NamedHandler, noise_runs: int = 0, *, client: valkey.Valkey
@@ -84,7 +84,7 @@ class ControlRecorder:
                     EntryRef(message.topic, message.id), json.dumps(facts).encode(), message.value
                 )
             )
-        await self._judge.record("control", arrivals)
+        await self._judge.record("redis_run", arrivals)
 
     def _facts(
         self,

@@ -6,7 +6,7 @@ committed only up to its lowest unfinished record. A record is processed once pe
 (``x-redis-stream`` + ``x-redis-id``), however often the mirror replayed it: the first delivery
 takes a Valkey key with NX and a TTL; a later one is recorded as a duplicate. A handler failure
 is retried with backoff up to ``SHADOW_MAX_ATTEMPTS``, then the record goes to the DLQ with its
-original bytes and headers. Either way the outcome is the candidate side of the comparison.
+original bytes and headers. Either way the outcome is the kafka run of the comparison.
 Served records (``x-served``, RAGFlow's own tasks on Kafka) are acked and counted, never run."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from sidecar.shadow.records import (
     raise_failures,
 )
 from sidecar.shadow.replay import value_sha
-from sidecar.shadow.trace import candidate_facts, traced
+from sidecar.shadow.trace import kafka_run_facts, traced
 from sidecar.transport.dead_letter import dead_letter
 from sidecar.transport.kafka import KafkaConsumer, KafkaProducer
 from sidecar.transport.message import QueueMessage, header_text
@@ -163,7 +163,7 @@ class ShadowConsumer(Lifecycle):
                 for message in batch:
                     if is_served(message.headers):
                         # RAGFlow executes it from Kafka: no Redis entry to compare it with,
-                        # and running it would be judged missing_primary for nothing missing.
+                        # and running it would be judged missing_in_redis for nothing missing.
                         self.stats.skipped_served += 1
                         await message.ack()
                         continue
@@ -228,7 +228,7 @@ class ShadowConsumer(Lifecycle):
         ref = mirror_ref(message)
         if ref is None:
             # Not put there by the mirror (or its headers name no entry): it has no Redis
-            # counterpart, so it is judged missing_primary once the compare timeout passes.
+            # counterpart, so it is judged missing_in_redis once the compare timeout passes.
             ref = EntryRef(f"kafka:{message.topic}", f"{message.partition}-{message.offset}")
         try:
             task = decode_record(message.value)
@@ -267,9 +267,9 @@ class ShadowConsumer(Lifecycle):
             self._on_processed(facts.get("queue_wait_ms"), result.elapsed_ms)
 
     async def _submit(self, message: QueueMessage, ref: EntryRef, facts: dict[str, Any]) -> None:
-        """Hand the candidate side to the judge, then let the record's offset be committed.
+        """Hand the kafka run to the judge, then let the record's offset be committed.
 
-        For an entry whose candidate is already recorded, the judge tells a redelivery of the
+        For an entry whose kafka run is already recorded, the judge tells a redelivery of the
         same record (nothing to say) from a second copy in Kafka (a ``duplicate`` verdict).
         """
         arrival = Arrival(
@@ -278,13 +278,13 @@ class ShadowConsumer(Lifecycle):
             message.value or b"",
             origin=f"{message.topic}:{message.partition}:{message.offset}",
         )
-        outcome = (await self._judge.record("candidate", [arrival]))[0]
+        outcome = (await self._judge.record("kafka_run", [arrival]))[0]
         if outcome in ("duplicate", "duplicate_again"):
             self.stats.duplicates += 1
         await message.ack()
 
     async def _claim(self, ref: EntryRef) -> Literal["process", "recorded", "skip"]:
-        """Whether this delivery processes the entry (``process``), finds its candidate
+        """Whether this delivery processes the entry (``process``), finds its kafka run
         already recorded (``recorded``), or leaves it to a live instance processing it now."""
         key = f"{SEEN_PREFIX}{ref.stream}:{ref.entry_id}"
         ttl_s = self.settings.shadow.dedup_ttl_s
@@ -292,7 +292,7 @@ class ShadowConsumer(Lifecycle):
         with translate_valkey_errors("take the dedup key", self._where):
             if await self._client.set(key, me, nx=True, ex=ttl_s):
                 return "process"
-            if await self._client.hexists(ref.key, "candidate"):  # type: ignore[misc]
+            if await self._client.hexists(ref.key, "kafka_run"):  # type: ignore[misc]
                 return "recorded"
             holder = await self._client.get(key)
             if holder == me:
@@ -394,5 +394,5 @@ class ShadowConsumer(Lifecycle):
             "queue_wait_ms": queue_wait_ms,
         }
         if self._tracing.enabled:
-            facts.update(candidate_facts(message))  # for the verdict's links
+            facts.update(kafka_run_facts(message))  # for the verdict's links
         return facts

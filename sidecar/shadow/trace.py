@@ -32,7 +32,7 @@ from sidecar.telemetry.tracing import Tracing
 from sidecar.transport.message import QueueMessage, header_text
 from sidecar.verdicts.trace import PROCESS_TRACEPARENT
 
-__all__ = ["candidate_facts", "traced"]
+__all__ = ["kafka_run_facts", "traced"]
 
 
 async def traced(
@@ -70,7 +70,7 @@ async def traced(
         await work
 
 
-def candidate_facts(message: QueueMessage) -> dict[str, str]:
+def kafka_run_facts(message: QueueMessage) -> dict[str, str]:
     """What the judge needs to link a verdict: the record's producer context and, within
     a ``process`` span being recorded, that span's context."""
     facts = {}

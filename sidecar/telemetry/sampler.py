@@ -6,7 +6,7 @@ continues a message through a link (``process``, ``compare``) follows the link's
 so a task is traced from Redis to its verdict or not at all; records of unsampled batches carry
 the batch span's context with the sampled flag off, which keeps that decision downstream. A
 ``compare`` span whose verdict is ``mismatch``, ``error``, ``missing_in_kafka`` or
-``missing_primary`` is always sampled: its sampler sees the ``verdict`` attribute at start (the
+``missing_in_redis`` is always sampled: its sampler sees the ``verdict`` attribute at start (the
 span is started once the verdict is known, with the comparison's start time), and forces the
 decision on, whatever the ratio. It is its own trace (the producer's may not have been
 sampled), linked to the producer's context; it goes through an export queue of its own
@@ -38,7 +38,7 @@ __all__ = ["ALWAYS_EXPORTED_VERDICTS", "VerdictSampler", "build_sampler", "follo
 
 # Verdicts whose compare span is exported whatever the sampler says.
 ALWAYS_EXPORTED_VERDICTS: Final = frozenset(
-    {"mismatch", "error", "missing_in_kafka", "missing_primary"}
+    {"mismatch", "error", "missing_in_kafka", "missing_in_redis"}
 )
 
 

@@ -1,6 +1,6 @@
 """What the judge compares a joined entry with: the comparator set, under ``COMPARE_RULES``.
 
-A mismatch is a difference in the payload, the handler's outcome (less the noise the control
+A mismatch is a difference in the payload, the handler's outcome (less the noise the redis run
 side's extra runs found), the routing, or per-key order. Delivery timing is compared too, but
 reported as findings: a slow path is a finding, not a wrong answer.
 """
@@ -60,8 +60,8 @@ class Comparators:
 
     def differences(
         self,
-        control: dict[str, Any],
-        candidate: dict[str, Any],
+        redis_run: dict[str, Any],
+        kafka_run: dict[str, Any],
         fields: dict[str, bytes],
         record: VerdictRecord,
     ) -> list[Difference]:
@@ -69,26 +69,26 @@ class Comparators:
         noise and its (delivery) findings on the way."""
         task_type = record.task_type or "parse"
         found: dict[str, list[Difference]] = {}
-        if candidate.get("decode_error"):
-            found["payload"] = [Difference("", "undecodable", None, candidate["decode_error"])]
-        elif control.get("value_sha") != candidate.get("value_sha"):
+        if kafka_run.get("decode_error"):
+            found["payload"] = [Difference("", "undecodable", None, kafka_run["decode_error"])]
+        elif redis_run.get("value_sha") != kafka_run.get("value_sha"):
             found["payload"] = self._payloads.compare(
-                fields.get("control_value", b""), fields.get("candidate_value", b"")
+                fields.get("redis_run_value", b""), fields.get("kafka_run_value", b"")
             )
-        if not candidate.get("decode_error"):
+        if not kafka_run.get("decode_error"):
             outcome = self._outcomes.compare(
-                control.get("outcome"), candidate.get("outcome"), task_type
+                redis_run.get("outcome"), kafka_run.get("outcome"), task_type
             )
-            real, noise = NoiseBaseline(frozenset(control.get("noise_paths", ()))).split(outcome)
+            real, noise = NoiseBaseline(frozenset(redis_run.get("noise_paths", ()))).split(outcome)
             if noise:
                 record.noise = {"count": len(noise), "paths": sorted({d.path for d in noise})}
             found["outcome"] = real
-        routed_to = control.get("topic")
+        routed_to = redis_run.get("topic")
         found["routing"] = RoutingComparator(lambda _type, _priority: str(routed_to)).compare(
-            control, candidate
+            redis_run, kafka_run
         )
-        if candidate.get("order_violation"):
-            violation = candidate["order_violation"]
+        if kafka_run.get("order_violation"):
+            violation = kafka_run["order_violation"]
             found["ordering"] = [
                 Difference("order", "order", violation.get("after"), record.entry_id)
             ]

@@ -1,11 +1,11 @@
 """Where the records of one task meet: a Valkey hash per stream entry, completed atomically.
 
-The control (the handler's run on the Redis copy, written by the mirror), the candidate (its
-run on the Kafka copy, written by the shadow consumer) and the primary delivery (RAGFlow's own
+The redis run (the handler's run on the Redis copy, written by the mirror), the kafka run (its
+run on the Kafka copy, written by the shadow consumer) and the worker's delivery (RAGFlow's own
 worker, written by the observer) arrive in any order, from any sidecar instance. Each arrival
-is one Lua script: it stores its side, and the arrival that completes control + candidate also
+is one Lua script: it stores its side, and the arrival that completes redis run + kafka run also
 claims the right to decide, so exactly one instance judges each entry. Entries still open after
-the compare timeout are claimed by the sweeper (``missing_in_kafka`` / ``missing_primary``).
+the compare timeout are claimed by the sweeper (``missing_in_kafka`` / ``missing_in_redis``).
 
 A claim is a token (instance and time). Deciding is claim, publish the verdict, then ``finish``;
 a claim older than ``stale_claim_ms`` belonged to an instance that died before publishing, and
@@ -28,13 +28,13 @@ OPEN_KEY: Final = "ragflow_sidecar:join:open"
 SEEN_PREFIX: Final = "ragflow_sidecar:seen:"
 ALIVE_PREFIX: Final = "ragflow_sidecar:alive:"
 
-Side = Literal["control", "candidate", "primary"]
+Side = Literal["redis_run", "kafka_run", "worker"]
 RecordOutcome = Literal[
     "decide", "recorded", "exists", "redelivery", "duplicate", "duplicate_again"
 ]
 
 # KEYS: hash, open zset. ARGV: side, facts, value, now_ms, ttl_s, member, claim token, origin.
-# The origin (topic:partition:offset of a candidate) tells a redelivery of the same Kafka record
+# The origin (topic:partition:offset of a kafka run) tells a redelivery of the same Kafka record
 # (a shadow restart before its commit) from a second copy of the entry (a mirror replay).
 _RECORD = """
 local side = ARGV[1]
@@ -43,7 +43,7 @@ if redis.call('HEXISTS', KEYS[1], side) == 1 then
   if ARGV[8] ~= '' and redis.call('HGET', KEYS[1], side .. '_origin') == ARGV[8] then
     return 'redelivery'
   end
-  if side == 'candidate' then
+  if side == 'kafka_run' then
     redis.call('HINCRBY', KEYS[1], 'kafka_deliveries', 1)
     if redis.call('HSETNX', KEYS[1], 'dup_state', ARGV[7]) == 1 then
       return 'duplicate'
@@ -59,23 +59,23 @@ end
 if ARGV[3] ~= '' then
   redis.call('HSET', KEYS[1], side .. '_value', ARGV[3])
 end
-if side == 'candidate' then
+if side == 'kafka_run' then
   redis.call('HINCRBY', KEYS[1], 'kafka_deliveries', 1)
 end
-if side ~= 'primary' and redis.call('HSETNX', KEYS[1], 'created_ms', ARGV[4]) == 1 then
+if side ~= 'worker' and redis.call('HSETNX', KEYS[1], 'created_ms', ARGV[4]) == 1 then
   redis.call('ZADD', KEYS[2], ARGV[4], ARGV[6])
 end
 if redis.call('HEXISTS', KEYS[1], 'state') == 0 then
-  if side == 'primary' and existed == 0 then
+  if side == 'worker' and existed == 0 then
     -- RAGFlow's delivery of a task the mirror never carries (outside the traffic share).
     redis.call('EXPIRE', KEYS[1], 3600)
   else
     redis.call('EXPIRE', KEYS[1], ARGV[5])
   end
 end
-if side ~= 'primary'
-   and redis.call('HEXISTS', KEYS[1], 'control') == 1
-   and redis.call('HEXISTS', KEYS[1], 'candidate') == 1
+if side ~= 'worker'
+   and redis.call('HEXISTS', KEYS[1], 'redis_run') == 1
+   and redis.call('HEXISTS', KEYS[1], 'kafka_run') == 1
    and redis.call('HSETNX', KEYS[1], 'state', ARGV[7]) == 1 then
   return 'decide'
 end
@@ -92,7 +92,7 @@ end
 redis.call('HSET', KEYS[1], field, 'done')
 if ARGV[4] == 'final' then
   redis.call('ZREM', KEYS[2], ARGV[2])
-  redis.call('HDEL', KEYS[1], 'control_value', 'candidate_value')
+  redis.call('HDEL', KEYS[1], 'redis_run_value', 'kafka_run_value')
   redis.call('EXPIRE', KEYS[1], ARGV[5])
 end
 redis.call('HINCRBY', KEYS[3], ARGV[3], 1)

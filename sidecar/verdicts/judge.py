@@ -1,6 +1,6 @@
-"""The judge: joins each task's control, candidate and primary records and publishes a verdict.
+"""The judge: joins each task's redis run, kafka run and worker delivery and publishes a verdict.
 
-Both the mirror (control) and the shadow consumer (candidate) hand their records to a judge;
+Both the mirror (redis run) and the shadow consumer (kafka run) hand their records to a judge;
 whichever completes the pair decides (see :mod:`sidecar.verdicts.join`), with the comparators
 of :mod:`sidecar.verdicts.compare`. The sweeper (:mod:`sidecar.verdicts.sweeper`) decides
 entries left open past ``SHADOW_COMPARE_TIMEOUT_S``. Delivery timing differences are reported
@@ -30,7 +30,7 @@ from sidecar.verdicts.join import Arrival, EntryRef, JoinStore, RecordOutcome, S
 from sidecar.verdicts.model import VerdictRecord, capped
 from sidecar.verdicts.trace import compare_span
 
-# digest_or_none: for the shadow and control sides, which import it from here too.
+# digest_or_none: for the shadow and the replay, which import it from here too.
 __all__ = ["Judge", "JudgeStats", "digest_or_none"]
 
 
@@ -163,23 +163,23 @@ class Judge:
     def verdict_for(self, ref: EntryRef, fields: dict[str, bytes]) -> VerdictRecord:
         """The verdict for one joined entry (public for tests and the bench); a ``compare``
         span when tracing is on."""
-        control = _facts(fields.get("control"))
-        candidate = _facts(fields.get("candidate"))
+        redis_run = _facts(fields.get("redis_run"))
+        kafka_run = _facts(fields.get("kafka_run"))
         started_ns = time.time_ns()
-        record = self._verdict(ref, fields, control, candidate)
+        record = self._verdict(ref, fields, redis_run, kafka_run)
         if self.tracing.enabled:
-            compare_span(self.tracing, record, started_ns, (candidate, control))
+            compare_span(self.tracing, record, started_ns, (kafka_run, redis_run))
         return record
 
     def _verdict(
         self,
         ref: EntryRef,
         fields: dict[str, bytes],
-        control: dict[str, Any],
-        candidate: dict[str, Any],
+        redis_run: dict[str, Any],
+        kafka_run: dict[str, Any],
     ) -> VerdictRecord:
-        primary = _facts(fields.get("primary"))
-        either = control or candidate or {}
+        worker = _facts(fields.get("worker"))
+        either = redis_run or kafka_run or {}
         record = VerdictRecord(
             verdict="match",
             stream=ref.stream,
@@ -188,30 +188,30 @@ class Judge:
             task_type=str(either.get("task_type") or ""),
             decided_at_ms=int(time.time() * 1000),
             sidecar=self.settings.shadow.instance,
-            topic=candidate.get("topic") if candidate else control.get("topic"),
-            partition=candidate.get("partition") if candidate else None,
-            offset=candidate.get("offset") if candidate else None,
-            control_digest=control.get("digest") if control else None,
-            candidate_digest=candidate.get("digest") if candidate else None,
+            topic=kafka_run.get("topic") if kafka_run else redis_run.get("topic"),
+            partition=kafka_run.get("partition") if kafka_run else None,
+            offset=kafka_run.get("offset") if kafka_run else None,
+            redis_run_digest=redis_run.get("digest") if redis_run else None,
+            kafka_run_digest=kafka_run.get("digest") if kafka_run else None,
             deliveries=int(fields.get("kafka_deliveries", b"0") or 0),
-            timings=_timings(control, candidate, primary),
+            timings=_timings(redis_run, kafka_run, worker),
         )
-        if control and not candidate:
+        if redis_run and not kafka_run:
             record.verdict = "missing_in_kafka"
             return record
-        if candidate and not control:
-            record.verdict = "missing_primary"
+        if kafka_run and not redis_run:
+            record.verdict = "missing_in_redis"
             return record
         errors = [
             f"{side}: {facts['error']}"
-            for side, facts in (("redis", control), ("kafka", candidate))
+            for side, facts in (("redis", redis_run), ("kafka", kafka_run))
             if facts.get("error")
         ]
         if errors:
             record.verdict = "error"
             record.error = "; ".join(errors)
             return record
-        differences = self.comparators.differences(control, candidate, fields, record)
+        differences = self.comparators.differences(redis_run, kafka_run, fields, record)
         self.stats.noise += record.noise.get("count", 0)
         if differences:
             record.verdict = "mismatch"
@@ -233,25 +233,25 @@ def _facts(raw: bytes | None) -> dict[str, Any]:
 
 
 def _timings(
-    control: dict[str, Any], candidate: dict[str, Any], primary: dict[str, Any]
+    redis_run: dict[str, Any], kafka_run: dict[str, Any], worker: dict[str, Any]
 ) -> dict[str, dict[str, Any]]:
     timings: dict[str, dict[str, Any]] = {}
-    if primary:
+    if worker:
         timings["redis"] = {
-            "queue_wait_ms": primary.get("queue_wait_ms"),
-            "processing_ms": primary.get("processing_ms"),
-            "deliveries": primary.get("deliveries"),
-            "consumer": primary.get("consumer"),
+            "queue_wait_ms": worker.get("queue_wait_ms"),
+            "processing_ms": worker.get("processing_ms"),
+            "deliveries": worker.get("deliveries"),
+            "consumer": worker.get("consumer"),
         }
-    if candidate:
+    if kafka_run:
         timings["kafka"] = {
-            "queue_wait_ms": candidate.get("queue_wait_ms"),
-            "processing_ms": candidate.get("processing_ms"),
-            "attempts": candidate.get("attempts"),
+            "queue_wait_ms": kafka_run.get("queue_wait_ms"),
+            "processing_ms": kafka_run.get("processing_ms"),
+            "attempts": kafka_run.get("attempts"),
         }
-    if control:
-        timings["control"] = {
-            "processing_ms": control.get("processing_ms"),
-            "mirror_latency_ms": control.get("mirror_latency_ms"),
+    if redis_run:
+        timings["redis_run"] = {
+            "processing_ms": redis_run.get("processing_ms"),
+            "mirror_latency_ms": redis_run.get("mirror_latency_ms"),
         }
     return timings

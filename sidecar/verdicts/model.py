@@ -1,7 +1,7 @@
 """Verdicts: what the sidecar concluded about one task, as published to ``ragflow.shadow.verdicts``.
 
 A verdict is a JSON object, keyed in Kafka by the task id. Each mirrored entry gets at most one
-final verdict (``match``, ``mismatch``, ``missing_in_kafka``, ``missing_primary``, ``error``) and
+final verdict (``match``, ``mismatch``, ``missing_in_kafka``, ``missing_in_redis``, ``error``) and
 at most one ``duplicate`` verdict when Kafka carried it more than once; ``verdict_id`` names
 the pair, so readers can count or drop anything seen twice.
 """
@@ -12,15 +12,20 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-Verdict = Literal["match", "mismatch", "missing_in_kafka", "missing_primary", "duplicate", "error"]
+Verdict = Literal["match", "mismatch", "missing_in_kafka", "missing_in_redis", "duplicate", "error"]
 VERDICTS: Final[tuple[Verdict, ...]] = (
     "match",
     "mismatch",
     "missing_in_kafka",
-    "missing_primary",
+    "missing_in_redis",
     "duplicate",
     "error",
 )
+# Names of the previous release, kept readable for one release (docs/metrics.md, "Renamed"):
+# readers map an old verdict name to its new one, and records still carry the old keys.
+RENAMED_VERDICTS: Final[dict[str, Verdict]] = {"missing_primary": "missing_in_redis"}
+RENAMED_KEYS: Final = {"control_digest": "redis_run_digest", "candidate_digest": "kafka_run_digest"}
+RENAMED_TIMINGS: Final = {"control": "redis_run"}
 SCHEMA_VERSION: Final = 1
 # A mismatch diff is capped so one pathological task cannot make a huge record.
 MAX_DIFFERENCES: Final = 50
@@ -43,8 +48,8 @@ class VerdictRecord:
     topic: str | None = None
     partition: int | None = None
     offset: int | None = None
-    control_digest: str | None = None
-    candidate_digest: str | None = None
+    redis_run_digest: str | None = None
+    kafka_run_digest: str | None = None
     differences: list[dict[str, Any]] = field(default_factory=list)
     differences_total: int = 0
     comparators: dict[str, int] = field(default_factory=dict)
@@ -75,8 +80,8 @@ class VerdictRecord:
             "topic": self.topic,
             "partition": self.partition,
             "offset": self.offset,
-            "control_digest": self.control_digest,
-            "candidate_digest": self.candidate_digest,
+            "redis_run_digest": self.redis_run_digest,
+            "kafka_run_digest": self.kafka_run_digest,
             "differences": self.differences[:MAX_DIFFERENCES],
             "differences_total": self.differences_total,
             "comparators": self.comparators,
@@ -86,6 +91,11 @@ class VerdictRecord:
             "findings": self.findings,
             "deliveries": self.deliveries,
         }
+        for old, new in RENAMED_KEYS.items():
+            body[old] = body[new]
+        for old, new in RENAMED_TIMINGS.items():
+            if new in self.timings:
+                body["timings"] = {**self.timings, old: self.timings[new]}
         return body
 
     def to_json(self) -> bytes:
@@ -100,9 +110,24 @@ def capped(value: Any) -> Any:
     return text if len(text) <= MAX_VALUE_CHARS else text[:MAX_VALUE_CHARS] + "…"
 
 
+def canonical_verdict(name: str) -> str:
+    """``name`` under this release's vocabulary (an old name maps to its new one)."""
+    return RENAMED_VERDICTS.get(name, name)
+
+
 def parse_verdict(value: bytes) -> dict[str, Any]:
-    """A verdict record read back from Kafka; raises ``ValueError`` when it is not one."""
+    """A verdict record read back from Kafka, in this release's names (a record of the previous
+    release, ``missing_primary`` or ``control_digest``, reads as its renamed self); raises
+    ``ValueError`` when it is not one."""
     body = json.loads(value)
-    if not isinstance(body, dict) or body.get("verdict") not in VERDICTS:
+    if not isinstance(body, dict):
         raise ValueError("not a verdict record")
+    verdict = body.get("verdict")
+    if isinstance(verdict, str):
+        body["verdict"] = canonical_verdict(verdict)
+    if body.get("verdict") not in VERDICTS:
+        raise ValueError("not a verdict record")
+    for old, new in RENAMED_KEYS.items():
+        if old in body and new not in body:
+            body[new] = body[old]
     return body

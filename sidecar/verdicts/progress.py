@@ -1,8 +1,8 @@
 """How far the shadow group has read: the sweeper's evidence before it calls a copy missing.
 
-An entry whose control side is in the join but whose candidate is not, past the compare
+An entry whose redis run is in the join but whose kafka run is not, past the compare
 timeout, is ``missing_in_kafka`` only if the shadow consumer has read past the place its Kafka
-copy would be. The control side is recorded after Kafka acknowledged the copy, so the copy lies
+copy would be. The redis run is recorded after Kafka acknowledged the copy, so the copy lies
 below the end offsets sampled at any moment after that. Each sweep samples the task topics' end
 offsets; once the group's committed offsets reach a sample taken at time ``t``, every entry
 recorded before ``t`` has had its copy read. A shadow that is slow, restarting or rebalancing
@@ -27,7 +27,7 @@ from sidecar.transport.options import KafkaSettings
 logger = logging.getLogger(__name__)
 
 MAX_SAMPLES = 4096
-# In a split deployment the control side's time comes from the mirror's host and the samples'
+# In a split deployment the redis run's time comes from the mirror's host and the samples'
 # from the judge's: a sample counts only for entries recorded this long before it.
 CLOCK_SKEW_MS = 5_000
 PARTITIONS_REFRESH_S = 30.0

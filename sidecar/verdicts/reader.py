@@ -17,7 +17,7 @@ from sidecar.errors import ConfigError
 from sidecar.transport.options import KafkaSettings
 from sidecar.transport.topic_reader import read_topics
 from sidecar.transport.topics import VERDICTS_TOPIC
-from sidecar.verdicts.model import VERDICTS, parse_verdict
+from sidecar.verdicts.model import VERDICTS, canonical_verdict, parse_verdict
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +51,7 @@ async def read_verdicts(
     that stops answering: the read ends when every partition reaches its end offset.
     """
     if verdicts is not None:
+        verdicts = {canonical_verdict(v) for v in verdicts}
         unknown = sorted(verdicts - set(VERDICTS))
         if unknown:
             raise ConfigError(

@@ -53,7 +53,7 @@ def compare_span(
     facts: Sequence[Mapping[str, Any]],
 ) -> None:
     """The ``compare`` span of one verdict, from ``started_ns`` to now; ``facts`` are the
-    joined sides (candidate first), which hold the contexts to link to."""
+    joined sides (the kafka run first), which hold the contexts to link to."""
     producer = next((f[TRACEPARENT] for f in facts if f.get(TRACEPARENT)), None)
     if record.verdict not in ALWAYS_EXPORTED_VERDICTS and tracing.drops_linked(producer):
         return  # the sampler would drop the span: do not make one
