@@ -27,9 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -39,7 +37,7 @@ from pathlib import Path
 
 import valkey
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from bench_common import bench_stack, environment_without_sidecar_settings, loadavg
+from bench_common import bench_stack, loadavg, run_env, spawn_sidecar, stop_sidecar
 
 from sidecar.config import Settings
 from sidecar.dev.local_stack import LocalStack
@@ -205,49 +203,22 @@ async def count_in_kafka(bootstrap: str, stream: str) -> tuple[int, int]:
         await consumer.stop()
 
 
-def sidecar_command(command: str) -> list[str]:
-    script = Path(sys.executable).with_name("ragflow-sidecar")
-    base = [str(script)] if script.exists() else [sys.executable, "-m", "sidecar"]
-    return [*base, command]
-
-
 def start_sidecar(
     stack: LocalStack, command: str, stream: str, log: Path, request_timeout_ms: int | None
 ) -> subprocess.Popen[bytes]:
-    run = uuid.uuid4().hex[:8]
     env = {
-        **environment_without_sidecar_settings(),
-        "REDIS_URL": stack.valkey.url,
-        "KAFKA_BOOTSTRAP_SERVERS": stack.kafka.bootstrap_servers,
-        "MIRROR_STREAMS": stream,
+        **run_env(stack, stream, "bench-outage"),
         "MIRROR_PRIORITY_STREAMS": "none",
-        "MIRROR_START": "earliest",
         "MIRROR_GROUP": GROUP,
         "MIRROR_BATCH": str(BATCH),
-        "SHADOW_GROUP": f"bench-outage-{run}",
         # The topics are shared by the runs of one bench; each shadow sees only its own run.
         "SHADOW_START": "latest",
-        "SIDECAR_INSTANCE": f"bench-outage-{run}",
         "SIDECAR_METRICS_PORT": "0",
         "STATUS_INTERVAL_S": "10",
     }
     if request_timeout_ms is not None:
         env["KAFKA_REQUEST_TIMEOUT_MS"] = str(request_timeout_ms)
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            sidecar_command(command), env=env, stdout=out, stderr=out, stdin=subprocess.DEVNULL
-        )
-
-
-def stop_sidecar(process: subprocess.Popen[bytes]) -> int:
-    """SIGTERM, and SIGKILL if it has not exited in 60 s; returns the exit code."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            return process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-    return process.wait()
+    return spawn_sidecar(command, env, log)
 
 
 @dataclass
