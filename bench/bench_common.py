@@ -1,18 +1,25 @@
-"""What the benchmarks share: free ports, the load average, a local stack of their own, the
-sidecar as a subprocess, and what of a stream reached Kafka."""
+"""What every benchmark shares: free ports, the load average, a local stack of its own, the
+sidecar as a child process, and the mirror's rate on its own."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+import time
+import uuid
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import valkey
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from sidecar.app.wiring import running_mirror
+from sidecar.config import Settings
 from sidecar.dev.local_stack import LocalStack, StackConfig
 from sidecar.dev.samples import ragflow_tasks
 from sidecar.transport.message import encode_task
@@ -30,6 +37,14 @@ def free_port() -> int:
 def loadavg() -> str:
     """The 1, 5 and 15 minute load averages: the machine may be shared, so each line has them."""
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def alternating(rounds: int, kinds: Sequence[str]) -> Iterator[tuple[int, str]]:
+    """Each of ``kinds`` once a round, in order in even rounds and reversed in odd ones, so that
+    none always runs first (on a warmer or a busier machine)."""
+    for round_no in range(rounds):
+        for kind in kinds if round_no % 2 == 0 else kinds[::-1]:
+            yield round_no, kind
 
 
 def bench_stack(root: Path) -> LocalStack:
@@ -55,11 +70,33 @@ def fill(url: str, stream: str, count: int) -> None:
     client.close()
 
 
-def sidecar_command(command: str) -> list[str]:
-    """The command line that runs ``ragflow-sidecar <command>`` from this virtualenv."""
+def run_env(stack: LocalStack, stream: str, name: str) -> dict[str, str]:
+    """A sidecar on the bench's stack reading ``stream`` from its start, its shadow group and
+    instance named ``<name>-<run>`` for a run of its own."""
+    run = uuid.uuid4().hex[:8]
+    return {
+        "REDIS_URL": stack.valkey.url,
+        "KAFKA_BOOTSTRAP_SERVERS": stack.kafka.bootstrap_servers,
+        "MIRROR_STREAMS": stream,
+        "MIRROR_START": "earliest",
+        "SHADOW_GROUP": f"{name}-{run}",
+        "SIDECAR_INSTANCE": f"{name}-{run}",
+    }
+
+
+def spawn_sidecar(command: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """``ragflow-sidecar <command>`` configured by ``env`` alone (none of this process's sidecar
+    settings), its output appended to ``log``."""
     script = Path(sys.executable).with_name("ragflow-sidecar")
     base = [str(script)] if script.exists() else [sys.executable, "-m", "sidecar"]
-    return [*base, command]
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [*base, command],
+            env={**environment_without_sidecar_settings(), **env},
+            stdout=out,
+            stderr=out,
+            stdin=subprocess.DEVNULL,
+        )
 
 
 def stop_sidecar(process: subprocess.Popen[bytes]) -> int:
@@ -71,6 +108,49 @@ def stop_sidecar(process: subprocess.Popen[bytes]) -> int:
         except subprocess.TimeoutExpired:
             process.kill()
     return process.wait()
+
+
+def whole_sidecar_settings(stack: LocalStack, stream: str, name: str, **extra: str) -> Settings:
+    """A whole sidecar (mirror, shadow, judge) draining ``stream`` from its start, in groups of a
+    run of its own named after ``name``; ``extra`` adds to or overrides the settings."""
+    run = uuid.uuid4().hex[:8]
+    return Settings.from_env(
+        {
+            "REDIS_URL": stack.valkey.url,
+            "KAFKA_BOOTSTRAP_SERVERS": stack.kafka.bootstrap_servers,
+            "MIRROR_STREAMS": stream,
+            "MIRROR_PRIORITY_STREAMS": "none",
+            "MIRROR_START": "earliest",
+            "MIRROR_BLOCK_MS": "100",
+            "MIRROR_GROUP": f"{name}_mirror_{run}",
+            "SHADOW_GROUP": f"{name}-shadow-{run}",
+            "SHADOW_START": "latest",
+            "SIDECAR_INSTANCE": f"{name}-{run}",
+            "SIDECAR_METRICS_PORT": "0",
+            **extra,
+        }
+    )
+
+
+async def mirror_rate(
+    settings: Settings,
+    count: int,
+    measured: contextlib.AbstractContextManager[object] | None = None,
+) -> float:
+    """Entries per second of the mirror alone reading ``count`` entries, from its start until
+    Kafka has them all; ``measured`` (a profiler, say) is entered for just that time."""
+    stop = asyncio.Event()
+    async with running_mirror(settings) as mirror:
+        with measured or contextlib.nullcontext():
+            started = time.perf_counter()
+            running = asyncio.create_task(mirror.run(stop))
+            while mirror.stats.read < count:  # noqa: ASYNC110 - polls a counter, not an event
+                await asyncio.sleep(0.005)
+            # read counts a batch before Kafka has it; the loop finishes it before returning.
+            stop.set()
+            await running
+            elapsed = time.perf_counter() - started
+    return count / elapsed
 
 
 async def count_in_kafka(bootstrap: str, stream: str) -> tuple[int, int]:

@@ -29,20 +29,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import valkey
-from bench_common import bench_stack, environment_without_sidecar_settings, free_port, loadavg
+from bench_common import bench_stack, free_port, loadavg, run_env, spawn_sidecar, stop_sidecar
 
 from sidecar.config import Settings
 from sidecar.dev.local_stack import LocalStack
@@ -61,26 +58,14 @@ def percentile(ordered: list[float], q: float) -> float:
 def start_sidecar(
     stack: LocalStack, stream: str, port: int, log: Path, concurrency: int
 ) -> subprocess.Popen[bytes]:
-    run = uuid.uuid4().hex[:8]
     env = {
-        **environment_without_sidecar_settings(),
-        "REDIS_URL": stack.valkey.url,
-        "KAFKA_BOOTSTRAP_SERVERS": stack.kafka.bootstrap_servers,
-        "MIRROR_STREAMS": stream,
-        "MIRROR_START": "earliest",
-        "SHADOW_GROUP": f"bench-e2e-{run}",
-        "SIDECAR_INSTANCE": f"bench-e2e-{run}",
+        **run_env(stack, stream, "bench-e2e"),
         "SIDECAR_METRICS_HOST": "127.0.0.1",
         "SIDECAR_METRICS_PORT": str(port),
         "STATUS_INTERVAL_S": "10",
         "MAX_CONCURRENT_TASKS": str(concurrency),
     }
-    script = Path(sys.executable).with_name("ragflow-sidecar")
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "sidecar"]
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [*command, "run"], env=env, stdout=out, stderr=out, stdin=subprocess.DEVNULL
-        )
+    return spawn_sidecar("run", env, log)
 
 
 def wait_ready(port: int, process: subprocess.Popen[bytes], timeout_s: float = 120) -> None:
@@ -191,7 +176,7 @@ def main() -> int:
         wait_verdicts(stack.valkey.url, written, process)
         throughput = written / (time.monotonic() - started)
         load = loadavg()
-        exit_code = stop(process)
+        exit_code = stop_sidecar(process)
         verdicts = [
             v
             for v in asyncio.run(
@@ -228,20 +213,9 @@ def main() -> int:
         return 0 if ok else 1
     finally:
         if process is not None and process.poll() is None:
-            stop(process)
+            stop_sidecar(process)
         stack.down()
         shutil.rmtree(root, ignore_errors=True)
-
-
-def stop(process: subprocess.Popen[bytes]) -> int:
-    """SIGTERM, and SIGKILL if it has not exited in 60 s; returns the exit code."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            return process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-    return process.wait()
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from pathlib import Path
 import valkey
 import valkey.asyncio as avalkey
 from aiokafka import AIOKafkaProducer
-from bench_common import bench_stack, loadavg
+from bench_common import alternating, bench_stack, loadavg, mirror_rate
 
 from sidecar.app.wiring import running_mirror
 from sidecar.cli.roundtrip import sample_parse_task
@@ -123,19 +123,6 @@ def mirror_settings(stack: LocalStack, stream: str) -> Settings:
     )
 
 
-async def mirror_run(stack: LocalStack, stream: str, count: int) -> float:
-    stop = asyncio.Event()
-    async with running_mirror(mirror_settings(stack, stream)) as mirror:
-        started = time.perf_counter()
-        running = asyncio.create_task(mirror.run(stop))
-        while mirror.stats.read < count:  # noqa: ASYNC110 - polls a counter, not an event
-            await asyncio.sleep(0.005)
-        # read counts a batch before Kafka has it; the loop finishes it before returning.
-        stop.set()
-        await running
-        return count / (time.perf_counter() - started)
-
-
 async def latency(stack: LocalStack, rate: int, seconds: int) -> list[int]:
     stream = f"bench.latency.{uuid.uuid4().hex[:6]}"
     url = stack.valkey.url
@@ -182,19 +169,16 @@ async def main() -> None:
         await init_topics(base.kafka)
         kinds = ("bare", "bare+partitioner", "mirror")
         rates: dict[str, list[float]] = {kind: [] for kind in kinds}
-        for round_no in range(3):
-            for kind in kinds if round_no % 2 == 0 else kinds[::-1]:
-                stream = f"bench.{kind}.{round_no}"
-                fill(stack.valkey.url, stream, args.entries)
-                if kind == "mirror":
-                    rate = await mirror_run(stack, stream, args.entries)
-                else:
-                    rate = await bare_loop(
-                        base, stream, args.entries, fast_partitioner=kind != "bare"
-                    )
-                rates[kind].append(rate)
-                print(f"round {round_no + 1} {kind:16}: {rate:10,.0f} entries/s "
-                      f"(load {loadavg()})", flush=True)  # fmt: skip
+        for round_no, kind in alternating(3, kinds):
+            stream = f"bench.{kind}.{round_no}"
+            fill(stack.valkey.url, stream, args.entries)
+            if kind == "mirror":
+                rate = await mirror_rate(mirror_settings(stack, stream), args.entries)
+            else:
+                rate = await bare_loop(base, stream, args.entries, fast_partitioner=kind != "bare")
+            rates[kind].append(rate)
+            print(f"round {round_no + 1} {kind:16}: {rate:10,.0f} entries/s "
+                  f"(load {loadavg()})", flush=True)  # fmt: skip
         bare, fast, mirror = (max(rates[kind]) for kind in kinds)
         print(
             f"sustained: bare loop {bare:,.0f}/s, mirror {mirror:,.0f}/s, ratio {mirror / bare:.2f}"
@@ -207,7 +191,7 @@ async def main() -> None:
 
         fill(stack.valkey.url, "bench.backlog", args.backlog)
         started = time.perf_counter()
-        await mirror_run(stack, "bench.backlog", args.backlog)
+        await mirror_rate(mirror_settings(stack, "bench.backlog"), args.backlog)
         drain_s = time.perf_counter() - started
         print(f"backlog: {args.backlog:,} entries drained in {drain_s:.1f} s "
               f"({args.backlog / drain_s:,.0f}/s; load {loadavg()})", flush=True)  # fmt: skip

@@ -39,9 +39,9 @@ import valkey
 from bench_common import (
     bench_stack,
     count_in_kafka,
-    environment_without_sidecar_settings,
     loadavg,
-    sidecar_command,
+    run_env,
+    spawn_sidecar,
     stop_sidecar,
 )
 
@@ -178,29 +178,19 @@ def wait_drained(
 def start_sidecar(
     stack: LocalStack, command: str, stream: str, log: Path, request_timeout_ms: int | None
 ) -> subprocess.Popen[bytes]:
-    run = uuid.uuid4().hex[:8]
     env = {
-        **environment_without_sidecar_settings(),
-        "REDIS_URL": stack.valkey.url,
-        "KAFKA_BOOTSTRAP_SERVERS": stack.kafka.bootstrap_servers,
-        "MIRROR_STREAMS": stream,
+        **run_env(stack, stream, "bench-outage"),
         "MIRROR_PRIORITY_STREAMS": "none",
-        "MIRROR_START": "earliest",
         "MIRROR_GROUP": GROUP,
         "MIRROR_BATCH": str(BATCH),
-        "SHADOW_GROUP": f"bench-outage-{run}",
         # The topics are shared by the runs of one bench; each shadow sees only its own run.
         "SHADOW_START": "latest",
-        "SIDECAR_INSTANCE": f"bench-outage-{run}",
         "SIDECAR_METRICS_PORT": "0",
         "STATUS_INTERVAL_S": "10",
     }
     if request_timeout_ms is not None:
         env["KAFKA_REQUEST_TIMEOUT_MS"] = str(request_timeout_ms)
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            sidecar_command(command), env=env, stdout=out, stderr=out, stdin=subprocess.DEVNULL
-        )
+    return spawn_sidecar(command, env, log)
 
 
 @dataclass

@@ -19,52 +19,14 @@ import asyncio
 import shutil
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
-from bench_common import bench_stack, fill, loadavg
+from bench_common import bench_stack, fill, loadavg, mirror_rate, whole_sidecar_settings
 from pyinstrument import Profiler
 
 from sidecar.app.service import Sidecar
-from sidecar.app.wiring import running_mirror
 from sidecar.config import Settings
-from sidecar.dev.local_stack import LocalStack
 from sidecar.transport.topics import init_topics
-
-
-def settings_for(stack: LocalStack, stream: str) -> Settings:
-    run = uuid.uuid4().hex[:8]
-    return Settings.from_env(
-        {
-            "REDIS_URL": stack.valkey.url,
-            "KAFKA_BOOTSTRAP_SERVERS": stack.kafka.bootstrap_servers,
-            "MIRROR_STREAMS": stream,
-            "MIRROR_PRIORITY_STREAMS": "none",
-            "MIRROR_START": "earliest",
-            "MIRROR_BLOCK_MS": "100",
-            "MIRROR_GROUP": f"profile_mirror_{run}",
-            "SHADOW_GROUP": f"profile-shadow-{run}",
-            "SHADOW_START": "latest",
-            "SIDECAR_INSTANCE": f"profile-{run}",
-            "MAX_CONCURRENT_TASKS": "20",
-            "SIDECAR_METRICS_PORT": "0",
-        }
-    )
-
-
-async def mirror_alone(settings: Settings, count: int, profiler: Profiler) -> float:
-    stop = asyncio.Event()
-    async with running_mirror(settings) as mirror:
-        profiler.start()
-        started = time.perf_counter()
-        running = asyncio.create_task(mirror.run(stop))
-        while mirror.stats.read < count:  # noqa: ASYNC110 - polls a counter, not an event
-            await asyncio.sleep(0.005)
-        stop.set()
-        await running
-        elapsed = time.perf_counter() - started
-        profiler.stop()
-    return count / elapsed
 
 
 async def whole_sidecar(settings: Settings, count: int, profiler: Profiler) -> float:
@@ -114,25 +76,21 @@ async def main() -> None:
     stack = bench_stack(root)
     stack.up()
     try:
-        await init_topics(settings_for(stack, "unused").kafka)
-        if args.only != "sidecar":
-            fill(stack.valkey.url, "profile.mirror", args.mirror_entries)
+        await init_topics(whole_sidecar_settings(stack, "unused", "profile").kafka)
+        runs = [
+            ("mirror", "mirror alone", args.mirror_entries, "entries", mirror_rate),
+            ("sidecar", "whole sidecar", args.entries, "entries to verdicts", whole_sidecar),
+        ]
+        for name, title, count, what, measure in runs:
+            if args.only not in (None, name):
+                continue
+            stream = f"profile.{name}"
+            fill(stack.valkey.url, stream, count)
             profiler = Profiler(interval=0.001, async_mode="disabled")
-            rate = await mirror_alone(
-                settings_for(stack, "profile.mirror"), args.mirror_entries, profiler
-            )
-            show(f"mirror alone: {args.mirror_entries:,} entries, {rate:,.0f}/s under the "
-                 f"profiler, load average {loadavg()}", profiler, args.min_percent,
-                 args.html)  # fmt: skip
-        if args.only != "mirror":
-            fill(stack.valkey.url, "profile.sidecar", args.entries)
-            profiler = Profiler(interval=0.001, async_mode="disabled")
-            rate = await whole_sidecar(
-                settings_for(stack, "profile.sidecar"), args.entries, profiler
-            )
-            show(f"whole sidecar: {args.entries:,} entries to verdicts, {rate:,.0f}/s under the "
-                 f"profiler, load average {loadavg()}", profiler, args.min_percent,
-                 args.html)  # fmt: skip
+            settings = whole_sidecar_settings(stack, stream, "profile", MAX_CONCURRENT_TASKS="20")
+            rate = await measure(settings, count, profiler)
+            show(f"{title}: {count:,} {what}, {rate:,.0f}/s under the profiler, load average "
+                 f"{loadavg()}", profiler, args.min_percent, args.html)  # fmt: skip
     finally:
         stack.down()
         shutil.rmtree(root, ignore_errors=True)

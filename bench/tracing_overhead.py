@@ -20,16 +20,21 @@ import asyncio
 import shutil
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import grpc
-from bench_common import bench_stack, fill, loadavg
+from bench_common import (
+    alternating,
+    bench_stack,
+    fill,
+    loadavg,
+    mirror_rate,
+    whole_sidecar_settings,
+)
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from sidecar.app.service import Sidecar
-from sidecar.app.wiring import running_mirror
 from sidecar.config import Settings
 from sidecar.dev.local_stack import LocalStack
 from sidecar.transport.topics import init_topics
@@ -60,24 +65,9 @@ class Discard(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore[misc
 def run_settings(
     stack: LocalStack, stream: str, mode: str, endpoint: str, concurrency: int
 ) -> Settings:
-    run = uuid.uuid4().hex[:8]
     tracing = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": endpoint, **MODES[mode]} if MODES[mode] else {}
-    return Settings.from_env(
-        {
-            "REDIS_URL": stack.valkey.url,
-            "KAFKA_BOOTSTRAP_SERVERS": stack.kafka.bootstrap_servers,
-            "MIRROR_STREAMS": stream,
-            "MIRROR_PRIORITY_STREAMS": "none",
-            "MIRROR_START": "earliest",
-            "MIRROR_BLOCK_MS": "100",
-            "MIRROR_GROUP": f"bench_mirror_{run}",
-            "SHADOW_GROUP": f"bench-shadow-{run}",
-            "SHADOW_START": "latest",
-            "SIDECAR_INSTANCE": f"bench-{run}",
-            "MAX_CONCURRENT_TASKS": str(concurrency),
-            "SIDECAR_METRICS_PORT": "0",
-            **tracing,
-        }
+    return whole_sidecar_settings(
+        stack, stream, "bench", MAX_CONCURRENT_TASKS=str(concurrency), **tracing
     )
 
 
@@ -103,19 +93,6 @@ async def drain(settings: Settings, count: int) -> tuple[float, float]:
         if kinds != {"match"}:
             raise SystemExit(f"unexpected verdicts {dict(sidecar.judge.stats.verdicts)}")
     return count / elapsed, count / (mirrored_s or elapsed)
-
-
-async def mirror_alone(settings: Settings, count: int) -> float:
-    """Entries per second of the mirror on its own (it has its own Tracing, from settings)."""
-    stop = asyncio.Event()
-    async with running_mirror(settings) as mirror:
-        started = time.perf_counter()
-        running = asyncio.create_task(mirror.run(stop))
-        while mirror.stats.read < count:  # noqa: ASYNC110 - polls a counter, not an event
-            await asyncio.sleep(0.005)
-        stop.set()
-        await running
-        return count / (time.perf_counter() - started)
 
 
 def report(title: str, rates: dict[str, list[float]]) -> dict[str, float]:
@@ -151,36 +128,33 @@ async def main() -> int:
         # A warm-up run, not counted: topic metadata, first connections, imports.
         fill(stack.valkey.url, "bench.trace.warmup", 2000)
         await drain(run_settings(stack, "bench.trace.warmup", "100%", endpoint, 20), 2000)
-        for round_no in range(args.rounds):
-            order = list(MODES) if round_no % 2 == 0 else list(MODES)[::-1]
-            for mode in order:
-                stream = f"bench.trace.{round_no}.{mode.strip('%')}"
-                fill(stack.valkey.url, stream, args.entries)
-                spans_before = receiver.spans
-                settings = run_settings(stack, stream, mode, endpoint, args.concurrency)
-                verdict_rate, mirror_rate = await drain(settings, args.entries)
-                rates[mode].append((verdict_rate, mirror_rate))
-                print(
-                    f"round {round_no + 1} tracing {mode:>4}: {verdict_rate:8,.0f} entries/s "
-                    f"to verdicts, mirror {mirror_rate:8,.0f}/s, "
-                    f"{receiver.spans - spans_before:7,} spans exported (load {loadavg()})",
-                    flush=True,
-                )
+        for round_no, mode in alternating(args.rounds, list(MODES)):
+            stream = f"bench.trace.{round_no}.{mode.strip('%')}"
+            fill(stack.valkey.url, stream, args.entries)
+            spans_before = receiver.spans
+            settings = run_settings(stack, stream, mode, endpoint, args.concurrency)
+            verdict_rate, mirrored_rate = await drain(settings, args.entries)
+            rates[mode].append((verdict_rate, mirrored_rate))
+            print(
+                f"round {round_no + 1} tracing {mode:>4}: {verdict_rate:8,.0f} entries/s "
+                f"to verdicts, mirror {mirrored_rate:8,.0f}/s, "
+                f"{receiver.spans - spans_before:7,} spans exported (load {loadavg()})",
+                flush=True,
+            )
         alone: dict[str, list[float]] = {mode: [] for mode in MODES}
-        for round_no in range(args.rounds):
-            order = list(MODES) if round_no % 2 == 0 else list(MODES)[::-1]
-            for mode in order:
-                stream = f"bench.trace.mirror.{round_no}.{mode.strip('%')}"
-                fill(stack.valkey.url, stream, args.mirror_entries)
-                spans_before = receiver.spans
-                settings = run_settings(stack, stream, mode, endpoint, 1)
-                rate = await mirror_alone(settings, args.mirror_entries)
-                alone[mode].append(rate)
-                print(
-                    f"round {round_no + 1} mirror alone, tracing {mode:>4}: {rate:8,.0f} entries/s,"
-                    f" {receiver.spans - spans_before:7,} spans exported (load {loadavg()})",
-                    flush=True,
-                )
+        for round_no, mode in alternating(args.rounds, list(MODES)):
+            stream = f"bench.trace.mirror.{round_no}.{mode.strip('%')}"
+            fill(stack.valkey.url, stream, args.mirror_entries)
+            spans_before = receiver.spans
+            rate = await mirror_rate(
+                run_settings(stack, stream, mode, endpoint, 1), args.mirror_entries
+            )
+            alone[mode].append(rate)
+            print(
+                f"round {round_no + 1} mirror alone, tracing {mode:>4}: {rate:8,.0f} entries/s,"
+                f" {receiver.spans - spans_before:7,} spans exported (load {loadavg()})",
+                flush=True,
+            )
         best = report(
             f"best of {args.rounds}, {args.entries:,} entries, mirror + shadow + verdicts:",
             {mode: [r[0] for r in runs] for mode, runs in rates.items()},

@@ -20,6 +20,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from sidecar.config import Settings
 from sidecar.dev.local_stack import LocalKafka, LocalStack, StackConfig
 from sidecar.errors import LocalStackError
+from tests.otlp_support import Collector, running_collector
 
 _STACK = pytest.StashKey[LocalStack]()
 
@@ -122,3 +123,10 @@ def own_broker(tmp_path: Path) -> Iterator[LocalKafka]:
     yield broker
     broker.stop()
     shutil.rmtree(tmp_path / "stack", ignore_errors=True)
+
+
+@pytest.fixture
+async def collector() -> AsyncIterator[Collector]:
+    """An OTLP/gRPC trace receiver of the test's own; its ``endpoint`` is where to export."""
+    async with running_collector() as receiver:
+        yield receiver

@@ -15,13 +15,14 @@ from sidecar.config import Settings
 from sidecar.dev.samples import ragflow_tasks
 from sidecar.mirror.mirror import Mirror
 from sidecar.transport import KafkaConsumer
-from sidecar.transport.topics import TOPIC_PLAN
+from sidecar.transport.topics import TOPIC_PLAN, init_topics
 
 __all__ = [
     "RAGFLOW_GROUP",
     "group_state",
     "mirror_settings",
     "mirror_until",
+    "prepare_stream",
     "ragflow_tasks",
     "ragflow_worker",
     "read_mirrored",
@@ -29,6 +30,13 @@ __all__ = [
 ]
 
 RAGFLOW_GROUP = "rag_flow_svr_task_broker"
+
+
+async def prepare_stream(settings: Settings, client: avalkey.Valkey, stream: str) -> None:
+    """The task topics made, and RAGFlow's group created on ``stream`` (with the stream, at 0,
+    as RAGFlow's executor creates it)."""
+    await init_topics(settings.kafka)
+    await client.xgroup_create(stream, RAGFLOW_GROUP, id="0", mkstream=True)
 
 
 async def stream_in(

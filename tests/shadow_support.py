@@ -9,12 +9,16 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import valkey.asyncio as avalkey
+
 from sidecar.app.service import Sidecar
 from sidecar.config import Settings
 from sidecar.mirror.mirror import RecordTransform
 from sidecar.transport import KafkaConsumer
 from sidecar.transport.topics import VERDICTS_TOPIC
 from sidecar.verdicts.model import parse_verdict
+from tests.conftest import free_port
+from tests.mirror_support import prepare_stream
 
 
 def sidecar_settings(base: Settings, streams: list[str], unique: str, **extra: str) -> Settings:
@@ -38,6 +42,21 @@ def sidecar_settings(base: Settings, streams: list[str], unique: str, **extra: s
             "SIDECAR_METRICS_PORT": "0",
             **extra,
         }
+    )
+
+
+async def metered_sidecar(
+    base: Settings, client: avalkey.Valkey, unique: str, **extra: str
+) -> tuple[str, int, Settings]:
+    """A stream of the test's own with RAGFlow's group (``prepare_stream``), and settings for a
+    sidecar on it whose metrics endpoint has a free port: the stream, the port, the settings."""
+    stream = f"{unique}.0"
+    await prepare_stream(base, client, stream)
+    port = free_port()
+    return (
+        stream,
+        port,
+        sidecar_settings(base, [stream], unique, SIDECAR_METRICS_PORT=str(port), **extra),
     )
 
 

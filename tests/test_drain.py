@@ -36,10 +36,13 @@ from sidecar.transport.topics import DLQ_TOPIC, init_topics
 MakeTopic = Callable[[int], Awaitable[str]]
 
 
-def drain_env(base: Settings, unique: str, topic: str, priority_topic: str) -> dict[str, str]:
-    """Every route to ``topic`` but the priority parse one; streams, group, keys of our own."""
+def drain_config(
+    base: Settings, unique: str, topic: str, priority_topic: str
+) -> tuple[dict[str, str], Settings]:
+    """Every route to ``topic`` but the priority parse one; streams, group, keys of our own: the
+    environment (the CLI's) and the settings made from it."""
     routes = {pattern: topic for pattern in DEFAULT_ROUTES} | {PRIORITY_PARSE: priority_topic}
-    return {
+    env = {
         "REDIS_URL": f"redis://{base.redis.host}:{base.redis.port}/1",
         "KAFKA_BOOTSTRAP_SERVERS": ",".join(base.kafka.bootstrap_servers),
         "KAFKA_LINGER_MS": "1",
@@ -51,6 +54,7 @@ def drain_env(base: Settings, unique: str, topic: str, priority_topic: str) -> d
         # The shortest allowed: a killed drain's member leaves the group after this.
         "SERVE_SESSION_TIMEOUT_MS": "6000",
     }
+    return env, Settings.from_env(env)
 
 
 def run_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -130,8 +134,7 @@ def assert_per_key_order(s: Settings, stream: str, moved: list[bytes], sent: lis
 async def test_every_served_record_is_moved_once_in_order_and_reconciled(
     settings: Settings, valkey_client: avalkey.Valkey, unique: str, make_topic: MakeTopic
 ) -> None:
-    env = drain_env(settings, unique, await make_topic(3), await make_topic(2))
-    s = Settings.from_env(env)
+    env, s = drain_config(settings, unique, await make_topic(3), await make_topic(2))
     high, low = s.mirror.streams
     # Entries RAGFlow executes from Redis, and their mirror copies in the same topics.
     redis_tasks = ragflow_tasks(5)
@@ -200,8 +203,7 @@ async def test_every_served_record_is_moved_once_in_order_and_reconciled(
 async def test_a_crash_after_moving_and_before_committing_moves_nothing_twice(
     settings: Settings, valkey_client: avalkey.Valkey, unique: str, make_topic: MakeTopic
 ) -> None:
-    env = drain_env(settings, unique, await make_topic(3), await make_topic(2))
-    s = Settings.from_env(env)
+    env, s = drain_config(settings, unique, await make_topic(3), await make_topic(2))
     high, low = s.mirror.streams
     sent: dict[str, list[dict[str, Any]]] = {high: workload(3, 3), low: workload(3, 3)}
     first = [served_record(s, q, t) for q in (high, low) for t in sent[q]]
@@ -271,8 +273,7 @@ async def test_drain_refuses_while_the_executor_group_has_a_member(
     settings: Settings, valkey_client: avalkey.Valkey, unique: str, make_topic: MakeTopic
 ) -> None:
     topic = await make_topic(1)
-    env = drain_env(settings, unique, topic, await make_topic(1))
-    s = Settings.from_env(env)
+    env, s = drain_config(settings, unique, topic, await make_topic(1))
     high, low = s.mirror.streams
     await produce(s, [served_record(s, low, t) for t in workload(2, 2)])
 
@@ -295,8 +296,7 @@ async def test_a_bad_served_record_is_dead_lettered_with_its_bytes_and_reason(
 ) -> None:
     await init_topics(settings.kafka)  # the DLQ
     topic = await make_topic(1)
-    env = drain_env(settings, unique, topic, await make_topic(1))
-    s = Settings.from_env(env)
+    _, s = drain_config(settings, unique, topic, await make_topic(1))
     low = s.mirror.streams[-1]
     started_ms = int(time.time() * 1000)
     good, no_queue, elsewhere = ragflow_tasks(3)

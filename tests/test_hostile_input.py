@@ -53,6 +53,7 @@ from sidecar.transport.topics import (
 )
 from sidecar.verdicts.join import EntryRef
 from sidecar.verdicts.model import parse_verdict
+from tests.mirror_support import Mirrored
 from tests.shadow_support import sidecar_settings
 
 MESSAGE = b"message"
@@ -63,6 +64,22 @@ EXAMPLES = 300
 SHADOW_EXAMPLES = 30
 
 Fields = tuple[tuple[bytes, bytes], ...]  # in XADD order; a name may repeat
+
+
+def against_real_servers(examples: int) -> settings:
+    """Hypothesis's settings for ``examples`` runs on the real servers: no deadline and no example
+    database, and without the health checks that slow I/O and huge values would fail."""
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        suppress_health_check=[
+            HealthCheck.function_scoped_fixture,
+            HealthCheck.too_slow,
+            HealthCheck.data_too_large,
+            HealthCheck.large_base_example,
+        ],
+    )
 
 
 # --- the oracle ------------------------------------------------------------------------------
@@ -290,11 +307,9 @@ def huge_entries(draw: st.DrawFn) -> Fields:
 
 
 @dataclass(frozen=True)
-class Record:
-    topic: str
-    key: bytes | None
-    value: bytes | None
-    headers: dict[str, bytes]
+class Record(Mirrored):
+    """A mirrored record, and the header names it carries more than once."""
+
     repeated_headers: tuple[str, ...]
 
 
@@ -332,13 +347,16 @@ class TopicTail:
         while [tp for tp in self._partitions if await self._consumer.position(tp) < end[tp]]:
             assert time.monotonic() < deadline, "Kafka did not deliver up to its end offsets"
             batches = await self._consumer.getmany(timeout_ms=200)
-            for tp, records in batches.items():
-                for r in records:
-                    if wanted(r):
-                        names = Counter(name for name, _ in r.headers)
-                        repeated = tuple(name for name, n in names.items() if n > 1)
-                        found.append(Record(tp.topic, r.key, r.value, dict(r.headers), repeated))
+            for records in batches.values():
+                found += [_record(r) for r in records if wanted(r)]
         return found
+
+
+def _record(r: Any) -> Record:
+    """An aiokafka ``ConsumerRecord`` as read back, with the header names it repeats."""
+    names = Counter(name for name, _ in r.headers)
+    repeated = tuple(name for name, n in names.items() if n > 1)
+    return Record(r.topic, r.key, r.value, dict(r.headers), r.partition, r.offset, repeated)
 
 
 @pytest.fixture
@@ -486,17 +504,7 @@ def _check_fields_kept(fields: Fields, record: Record) -> None:
         assert record.headers.get(header) == value, header
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    database=None,
-    suppress_health_check=[
-        HealthCheck.function_scoped_fixture,
-        HealthCheck.too_slow,
-        HealthCheck.data_too_large,
-        HealthCheck.large_base_example,
-    ],
-)
+@against_real_servers(EXAMPLES)
 @given(
     batch=st.lists(entries(), min_size=5, max_size=15),
     # One example in eight adds a 2 MB entry: enough of them, without spending the run on them.
@@ -804,17 +812,7 @@ def _with_stream(record: KafkaRecord, stream: str) -> tuple[tuple[str, bytes], .
     return tuple((n, stream.encode() if v == STREAM_TOKEN else v) for n, v in record.headers)
 
 
-@settings(
-    max_examples=SHADOW_EXAMPLES,
-    deadline=None,
-    database=None,
-    suppress_health_check=[
-        HealthCheck.function_scoped_fixture,
-        HealthCheck.too_slow,
-        HealthCheck.data_too_large,
-        HealthCheck.large_base_example,
-    ],
-)
+@against_real_servers(SHADOW_EXAMPLES)
 @given(batch=st.lists(kafka_records(), min_size=3, max_size=12))
 async def test_shadow_commits_past_every_hostile_record_and_accounts_for_it(
     settings: Settings,

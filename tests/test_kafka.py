@@ -37,6 +37,17 @@ async def committed_offset(settings: Settings, group: str, tp: TopicPartition) -
     return int(offsets[tp].offset)
 
 
+async def one_partition_with(
+    settings: Settings, make_topic: MakeTopic, count: int
+) -> tuple[str, TopicPartition]:
+    """A new topic of one partition holding ``count`` records ``{"id": "<n>"}``, n from 0."""
+    topic = await make_topic(1)
+    async with KafkaProducer(settings.kafka) as producer:
+        for n in range(count):
+            await producer.send(topic, {"id": str(n)})
+    return topic, TopicPartition(topic, 0)
+
+
 async def test_value_key_and_headers_arrive_unchanged(
     settings: Settings, make_topic: MakeTopic, unique: str
 ) -> None:
@@ -78,11 +89,7 @@ async def test_same_key_keeps_order_across_a_batch(
 async def test_finishing_5_before_3_commits_only_up_to_3_and_restart_redelivers(
     settings: Settings, make_topic: MakeTopic, unique: str
 ) -> None:
-    topic = await make_topic(1)
-    tp = TopicPartition(topic, 0)
-    async with KafkaProducer(settings.kafka) as producer:
-        for n in range(6):
-            await producer.send(topic, {"id": str(n)})
+    topic, tp = await one_partition_with(settings, make_topic, 6)
 
     async with KafkaConsumer(settings.kafka, [topic], unique) as consumer:
         first = await poll_until(consumer, 6)
@@ -106,11 +113,7 @@ async def test_finishing_5_before_3_commits_only_up_to_3_and_restart_redelivers(
 async def test_nack_redelivers_and_holds_the_commit(
     settings: Settings, make_topic: MakeTopic, unique: str
 ) -> None:
-    topic = await make_topic(1)
-    tp = TopicPartition(topic, 0)
-    async with KafkaProducer(settings.kafka) as producer:
-        for n in range(2):
-            await producer.send(topic, {"id": str(n)})
+    topic, tp = await one_partition_with(settings, make_topic, 2)
     async with KafkaConsumer(settings.kafka, [topic], unique) as consumer:
         first, second = await poll_until(consumer, 2)
         await first.nack(delay_ms=200)

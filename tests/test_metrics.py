@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import socket
 import urllib.request
 from urllib.error import HTTPError
 
@@ -14,15 +13,10 @@ from sidecar.config import Settings
 from sidecar.telemetry.health import Health, HealthServer
 from sidecar.telemetry.metrics import SidecarMetrics
 from sidecar.transport.topics import init_topics
-from tests.mirror_support import RAGFLOW_GROUP, ragflow_tasks, ragflow_worker
-from tests.shadow_support import read_verdicts, running_sidecar, sidecar_settings
+from tests.conftest import free_port
+from tests.mirror_support import ragflow_tasks, ragflow_worker
+from tests.shadow_support import metered_sidecar, read_verdicts, running_sidecar, sidecar_settings
 from tests.test_shadow import enqueue
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def get(url: str) -> tuple[int, str]:
@@ -84,12 +78,8 @@ async def test_probes_follow_the_components() -> None:
 async def test_metrics_of_a_running_sidecar(
     settings: Settings, valkey_client: avalkey.Valkey, unique: str
 ) -> None:
-    await init_topics(settings.kafka)
-    stream = f"{unique}.0"
-    await valkey_client.xgroup_create(stream, RAGFLOW_GROUP, id="0", mkstream=True)
-    port = free_port()
-    config = sidecar_settings(
-        settings, [stream], unique, SIDECAR_METRICS_PORT=str(port), KAFKA_TRAFFIC_PERCENT="50"
+    stream, port, config = await metered_sidecar(
+        settings, valkey_client, unique, KAFKA_TRAFFIC_PERCENT="50"
     )
     base = f"http://127.0.0.1:{port}"
     async with running_sidecar(config) as sidecar:

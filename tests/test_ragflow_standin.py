@@ -31,6 +31,12 @@ pytestmark = pytest.mark.timeout(300)
 GROUP = "rag_flow_svr_task_broker"
 
 
+def own_standin(stack: LocalStack, unique: str, **extra: str) -> tuple[str, dict[str, str]]:
+    """The results key and the stand-in's environment on a test's own streams (``streams_of``)."""
+    key = f"{unique}:results"
+    return key, standin_env(stack, prefix=unique, results_key=key, install=False, extra=extra)
+
+
 def streams_of(prefix: str) -> list[str]:
     return [f"{prefix}.te.1.common", f"{prefix}.te.0.common"]
 
@@ -63,8 +69,7 @@ async def consumers_of(client: avalkey.Valkey, stream: str) -> set[str]:
 async def test_two_executors_run_every_task_exactly_once(
     stack: LocalStack, valkey_client: avalkey.Valkey, unique: str, tmp_path: Path
 ) -> None:
-    key = f"{unique}:results"
-    env = standin_env(stack, prefix=unique, results_key=key, install=False)
+    key, env = own_standin(stack, unique)
     streams = streams_of(unique)
     names = ["task_executor_common_hosta_0", "task_executor_common_hostb_0"]
     with (
@@ -107,8 +112,7 @@ async def test_two_executors_run_every_task_exactly_once(
 async def test_priority_queue_is_taken_first(
     stack: LocalStack, valkey_client: avalkey.Valkey, unique: str, tmp_path: Path
 ) -> None:
-    key = f"{unique}:results"
-    env = standin_env(stack, prefix=unique, results_key=key, install=False)
+    key, env = own_standin(stack, unique)
     normal = await produce(env, tmp_path, "normal", docs=2, tasks_per_doc=10)
     urgent = await produce(env, tmp_path, "urgent", docs=1, tasks_per_doc=5, priority_every=1)
     assert {line["priority"] for line in normal} == {0}
@@ -134,8 +138,7 @@ async def test_priority_queue_is_taken_first(
 async def test_killed_executor_replays_its_pending_entries_on_restart(
     stack: LocalStack, valkey_client: avalkey.Valkey, unique: str, tmp_path: Path
 ) -> None:
-    key = f"{unique}:results"
-    env = standin_env(stack, prefix=unique, results_key=key, install=False)
+    key, env = own_standin(stack, unique)
     streams = streams_of(unique)
     consumer = "task_executor_common_crashy_0"
     produced = await produce(env, tmp_path, "api", docs=4, tasks_per_doc=5)
@@ -230,8 +233,7 @@ async def test_sigterm_with_tasks_in_hand(
 ) -> None:
     """Graceful: stop taking work, finish and ack what is in hand, exit 0. ``ragflow``: as
     RAGFlow's handler (exit 0 after 1 s), the tasks in hand stay pending."""
-    key = f"{unique}:results"
-    env = standin_env(stack, prefix=unique, results_key=key, install=False)
+    key, env = own_standin(stack, unique)
     streams = streams_of(unique)
     produced = await produce(env, tmp_path, "api", docs=2, tasks_per_doc=5)
     work = {"graceful": "1500", "ragflow": "600000"}[mode]
@@ -254,10 +256,7 @@ async def test_sigterm_with_tasks_in_hand(
 async def test_failures_are_acked_and_reported_through_set_progress(
     stack: LocalStack, valkey_client: avalkey.Valkey, unique: str, tmp_path: Path
 ) -> None:
-    key = f"{unique}:results"
-    env = standin_env(
-        stack, prefix=unique, results_key=key, install=False, extra={"STANDIN_FAIL_PERCENT": "50"}
-    )
+    key, env = own_standin(stack, unique, STANDIN_FAIL_PERCENT="50")
     streams = streams_of(unique)
     produced = await produce(env, tmp_path, "api", docs=4, tasks_per_doc=10)
     ids = [line["task_id"] for line in produced]

@@ -15,15 +15,13 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import grpc
 import pytest
 import valkey.asyncio as avalkey
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from sidecar.app.wiring import running_judge
 from sidecar.config import Settings
@@ -36,6 +34,7 @@ from sidecar.transport.topics import init_topics
 from sidecar.verdicts.join import Arrival, EntryRef
 from tests.conftest import free_port
 from tests.mirror_support import RAGFLOW_GROUP, ragflow_tasks, ragflow_worker, read_mirrored
+from tests.otlp_support import Collector
 from tests.shadow_support import read_verdicts, running_sidecar, sidecar_settings
 
 DOC = Path(__file__).parent.parent / "docs" / "security.md"
@@ -73,6 +72,21 @@ def command_env(**variables: str) -> dict[str, str]:
         "SIDECAR_METRICS_PORT": "0",
         **variables,
     }
+
+
+def mirror_env(
+    redis_url: str, kafka: dict[str, str], stream: str, group: str, **extra: str
+) -> dict[str, str]:
+    """``command_env`` for a mirror of ``stream`` from its start in ``group``; ``kafka`` holds the
+    Kafka connection's variables."""
+    return command_env(
+        REDIS_URL=redis_url,
+        **kafka,
+        MIRROR_STREAMS=stream,
+        MIRROR_START="earliest",
+        MIRROR_GROUP=group,
+        **extra,
+    )
 
 
 @dataclass
@@ -162,12 +176,11 @@ async def test_init_topics_and_the_mirror_over_sasl_ssl_with_scram(
 ) -> None:
     secured = secured_settings(settings, secured_broker)
     assert secured.kafka.security_protocol == "SASL_SSL"
-    env = command_env(
-        REDIS_URL=f"redis://{settings.redis.host}:{settings.redis.port}/1",
-        **secured_broker.secured_client_env(),
-        MIRROR_STREAMS=unique,
-        MIRROR_START="earliest",
-        MIRROR_GROUP=f"mirror-{unique}",
+    env = mirror_env(
+        f"redis://{settings.redis.host}:{settings.redis.port}/1",
+        secured_broker.secured_client_env(),
+        unique,
+        f"mirror-{unique}",
         MIRROR_BLOCK_MS="100",
     )
     topics = run_command(["init-topics"], env)
@@ -209,13 +222,7 @@ async def test_a_refused_login_is_one_clear_line_and_nothing_is_acked(
             r"^ragflow-sidecar: error: Kafka at 127\.0\.0\.1:\d+: TLS handshake failed "
             r"\(CERTIFICATE_VERIFY_FAILED\); is KAFKA_SSL_CAFILE"
         )
-    env = command_env(
-        REDIS_URL=f"redis://{settings.redis.host}:{settings.redis.port}/1",
-        **kafka,
-        MIRROR_STREAMS=unique,
-        MIRROR_START="earliest",
-        MIRROR_GROUP=group,
-    )
+    env = mirror_env(f"redis://{settings.redis.host}:{settings.redis.port}/1", kafka, unique, group)
     await enqueue(valkey_client, unique, 5)
     for command in (["mirror"], ["run"], ["init-topics"]):
         ran = run_command(command, env)
@@ -244,16 +251,33 @@ def documented_acl(user: str, password: str, drop: str | None = None) -> list[st
     return words
 
 
+@dataclass
+class AclUser:
+    """A user name and password of one test's own; ``make`` creates the user."""
+
+    client: avalkey.Valkey
+    name: str
+    password: str
+    made: bool = False
+
+    async def make(
+        self, *, password: str | None = None, drop: str | None = None
+    ) -> tuple[str, str]:
+        """Create the user with docs/security.md's ACL (less the rule ``drop``), with
+        ``password`` if given; returns its name and password."""
+        self.password = password or self.password
+        await self.client.execute_command(*documented_acl(self.name, self.password, drop))
+        self.made = True
+        return self.name, self.password
+
+
 @pytest.fixture
-async def acl_user(
-    valkey_client: avalkey.Valkey, unique: str
-) -> AsyncIterator[tuple[str, str, list[str]]]:
+async def acl_user(valkey_client: avalkey.Valkey, unique: str) -> AsyncIterator[AclUser]:
     """A user name and password; the test makes the user, it is deleted afterwards."""
-    made: list[str] = []
-    user, password = f"sidecar-{unique}", f"pw-{uuid.uuid4().hex}"
-    yield user, password, made
-    if made:
-        await valkey_client.execute_command("ACL", "DELUSER", user)
+    user = AclUser(valkey_client, f"sidecar-{unique}", f"pw-{uuid.uuid4().hex}")
+    yield user
+    if user.made:
+        await valkey_client.execute_command("ACL", "DELUSER", user.name)
 
 
 async def denials(client: avalkey.Valkey, user: str) -> set[str]:
@@ -271,12 +295,10 @@ async def test_the_documented_acl_runs_the_whole_sidecar(
     settings: Settings,
     valkey_client: avalkey.Valkey,
     unique: str,
-    acl_user: tuple[str, str, list[str]],
+    acl_user: AclUser,
 ) -> None:
     await init_topics(settings.kafka)
-    user, password, made = acl_user
-    await valkey_client.execute_command(*documented_acl(user, password))
-    made.append(user)
+    user, password = await acl_user.make()
     url = f"redis://{user}:{password}@{settings.redis.host}:{settings.redis.port}/1"
     high, low = f"te.{unique}.1", f"te.{unique}.0"
     for stream, count in ((high, 3), (low, 12)):
@@ -310,21 +332,18 @@ async def test_a_user_lacking_a_needed_command_is_told_which(
     settings: Settings,
     valkey_client: avalkey.Valkey,
     unique: str,
-    acl_user: tuple[str, str, list[str]],
+    acl_user: AclUser,
 ) -> None:
     """The command fails at once with exit code 2 and a line naming the command refused."""
     await init_topics(settings.kafka)
-    user, password, made = acl_user
-    await valkey_client.execute_command(*documented_acl(user, password, drop="+xautoclaim"))
-    made.append(user)
+    user, password = await acl_user.make(drop="+xautoclaim")
     stream = f"te.{unique}.0"
     await enqueue(valkey_client, stream, 3)
-    env = command_env(
-        REDIS_URL=f"redis://{user}:{password}@{settings.redis.host}:{settings.redis.port}/1",
-        KAFKA_BOOTSTRAP_SERVERS=",".join(settings.kafka.bootstrap_servers),
-        MIRROR_STREAMS=stream,
-        MIRROR_START="earliest",
-        MIRROR_GROUP=f"mirror-{unique}",
+    env = mirror_env(
+        f"redis://{user}:{password}@{settings.redis.host}:{settings.redis.port}/1",
+        {"KAFKA_BOOTSTRAP_SERVERS": ",".join(settings.kafka.bootstrap_servers)},
+        stream,
+        f"mirror-{unique}",
     )
     ran = run_command(["mirror"], env)
     assert ran.returncode == 2, ran.stderr
@@ -338,15 +357,10 @@ async def test_a_user_lacking_a_needed_command_is_told_which(
 
 
 async def test_a_command_refused_inside_the_join_script_is_named_too(
-    settings: Settings,
-    valkey_client: avalkey.Valkey,
-    unique: str,
-    acl_user: tuple[str, str, list[str]],
+    settings: Settings, unique: str, acl_user: AclUser
 ) -> None:
     """A script runs with its caller's ACL; the refusal names the command, not the arguments."""
-    user, password, made = acl_user
-    await valkey_client.execute_command(*documented_acl(user, password, drop="+hincrby"))
-    made.append(user)
+    user, password = await acl_user.make(drop="+hincrby")
     config = sidecar_settings(
         settings,
         [f"te.{unique}.0"],
@@ -371,69 +385,30 @@ async def test_a_command_refused_inside_the_join_script_is_named_too(
 # --- no secret in output or spans ---------------------------------------------------------------
 
 
-@dataclass
-class Collector(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore[misc]
-    """An OTLP/gRPC receiver keeping each export request's bytes and metadata."""
-
-    endpoint: str = ""
-    received: list[bytes] = field(default_factory=list)
-
-    async def Export(
-        self, request: trace_service_pb2.ExportTraceServiceRequest, context: Any
-    ) -> trace_service_pb2.ExportTraceServiceResponse:
-        self.received.append(request.SerializeToString())
-        return trace_service_pb2.ExportTraceServiceResponse()
-
-    def spans(self) -> int:
-        count = 0
-        for raw in self.received:
-            request = trace_service_pb2.ExportTraceServiceRequest.FromString(raw)
-            for resource_spans in request.resource_spans:
-                count += sum(len(scope.spans) for scope in resource_spans.scope_spans)
-        return count
-
-
-@pytest.fixture
-async def collector() -> AsyncIterator[Collector]:
-    server = grpc.aio.server()
-    receiver = Collector()
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    receiver.endpoint = f"http://127.0.0.1:{port}"
-    try:
-        yield receiver
-    finally:
-        await server.stop(None)
-
-
 async def test_no_secret_in_any_output_or_span(
     settings: Settings,
     valkey_client: avalkey.Valkey,
     unique: str,
     secured_broker: LocalKafka,
-    acl_user: tuple[str, str, list[str]],
+    acl_user: AclUser,
     collector: Collector,
     tmp_path: Path,
 ) -> None:
     await init_topics(secured_settings(settings, secured_broker).kafka)
-    user, _, made = acl_user
     # Distinctive secrets, with characters that URL encoding and logging might change.
     redis_secret = f"Valkey-S3cret/{uuid.uuid4().hex}@x"
     otlp_secret = f"Otlp-S3cret-{uuid.uuid4().hex}"
     wrong_kafka_secret = f"Wrong-Kafka-S3cret-{uuid.uuid4().hex}"
-    await valkey_client.execute_command(*documented_acl(user, redis_secret))
-    made.append(user)
+    user, _ = await acl_user.make(password=redis_secret)
     kafka = secured_broker.secured_client_env()
     secrets = [kafka["KAFKA_SASL_PASSWORD"], redis_secret, otlp_secret, wrong_kafka_secret]
     stream = f"te.{unique}.0"
     host = f"{settings.redis.host}:{settings.redis.port}"
-    env = command_env(
-        REDIS_URL=f"redis://{user}:{quote(redis_secret, safe='')}@{host}/1",
-        **kafka,
-        MIRROR_STREAMS=stream,
-        MIRROR_START="earliest",
-        MIRROR_GROUP=f"mirror-{unique}",
+    env = mirror_env(
+        f"redis://{user}:{quote(redis_secret, safe='')}@{host}/1",
+        kafka,
+        stream,
+        f"mirror-{unique}",
         MIRROR_BLOCK_MS="100",
         SHADOW_GROUP=f"shadow-{unique}",
         SHADOW_START="latest",
@@ -475,7 +450,7 @@ async def test_no_secret_in_any_output_or_span(
         assert bad_valkey.returncode == 2, bad_valkey.stderr
         captured += [bad_valkey.stdout, bad_valkey.stderr]
 
-    assert collector.spans() > 0, "no span was exported"
+    assert len(collector.spans()) > 0, "no span was exported"
     everything = "\n".join(captured)
     # What was captured is what matters: the debug logs, masked URLs, the users' names.
     assert "DEBUG" in everything and f"redis://{user}:***@" in everything

@@ -10,17 +10,13 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
-import grpc
 import pytest
 import valkey.asyncio as avalkey
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, Decision
 from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
@@ -44,87 +40,11 @@ from sidecar.transport.topics import init_topics
 from sidecar.verdicts.model import VerdictRecord
 from sidecar.verdicts.trace import MAX_DIFF_CHARS, REDACTED, compare_span, diff_json
 from tests.mirror_support import ragflow_tasks, read_mirrored
+from tests.otlp_support import Collector, SpanView
 from tests.shadow_support import read_verdicts, running_sidecar, sidecar_settings
 
 UPSTREAM = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 SECRET_TEXT = "my bank PIN is 4321"
-
-
-# --- an OTLP/gRPC receiver ---------------------------------------------------------------------
-
-
-def _value(value: AnyValue) -> Any:
-    kind = value.WhichOneof("value")
-    return getattr(value, kind) if kind else None
-
-
-def _attributes(pairs: Any) -> dict[str, Any]:
-    return {pair.key: _value(pair.value) for pair in pairs}
-
-
-@dataclass
-class SpanView:
-    name: str
-    kind: int
-    trace_id: str
-    span_id: str
-    parent: str
-    attributes: dict[str, Any]
-    links: list[tuple[str, str]]
-    events: list[tuple[str, dict[str, Any]]]
-    resource: dict[str, Any]
-    status: int
-
-    @property
-    def context(self) -> tuple[str, str]:
-        return self.trace_id, self.span_id
-
-
-@dataclass
-class Collector(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore[misc]
-    endpoint: str = ""
-    requests: list[trace_service_pb2.ExportTraceServiceRequest] = field(default_factory=list)
-
-    async def Export(
-        self, request: trace_service_pb2.ExportTraceServiceRequest, context: Any
-    ) -> trace_service_pb2.ExportTraceServiceResponse:
-        self.requests.append(request)
-        return trace_service_pb2.ExportTraceServiceResponse()
-
-    def spans(self) -> list[SpanView]:
-        found = []
-        for request in self.requests:
-            for resource_spans in request.resource_spans:
-                resource = _attributes(resource_spans.resource.attributes)
-                for scope in resource_spans.scope_spans:
-                    for span in scope.spans:
-                        found.append(
-                            SpanView(
-                                name=span.name,
-                                kind=span.kind,
-                                trace_id=span.trace_id.hex(),
-                                span_id=span.span_id.hex(),
-                                parent=span.parent_span_id.hex(),
-                                attributes=_attributes(span.attributes),
-                                links=[(ln.trace_id.hex(), ln.span_id.hex()) for ln in span.links],
-                                events=[(e.name, _attributes(e.attributes)) for e in span.events],
-                                resource=resource,
-                                status=span.status.code,
-                            )
-                        )
-        return found
-
-
-@pytest.fixture
-async def collector() -> AsyncIterator[Collector]:
-    server = grpc.aio.server()
-    receiver = Collector()
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    receiver.endpoint = f"http://127.0.0.1:{port}"
-    yield receiver
-    await server.stop(None)
 
 
 def _sampled(traceparent: bytes) -> bool:

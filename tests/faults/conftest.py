@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import valkey.asyncio as avalkey
 
-from tests.faults.support import FaultRow
+from sidecar.config import Settings
+from tests.faults.support import FaultRow, Share
 
 _ROWS = pytest.StashKey[list[FaultRow]]()
 
@@ -13,6 +15,12 @@ _ROWS = pytest.StashKey[list[FaultRow]]()
 def fault_table(request: pytest.FixtureRequest) -> list[FaultRow]:
     """Rows appended here are printed in the fault table after the run."""
     return request.config.stash.setdefault(_ROWS, [])
+
+
+@pytest.fixture
+async def share(settings: Settings, valkey_client: avalkey.Valkey, unique: str) -> Share:
+    """The test's own stream, with RAGFlow's group, on the session's Valkey and Kafka."""
+    return await Share.prepare(settings, valkey_client, unique)
 
 
 def pytest_terminal_summary(

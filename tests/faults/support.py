@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -25,11 +26,13 @@ from valkey.exceptions import TimeoutError as ValkeyTimeoutError
 from sidecar.cli.reconcile import StreamReconciliation, reconcile, render_report
 from sidecar.config import Settings
 from sidecar.dev.samples import ragflow_tasks
-from tests.mirror_support import RAGFLOW_GROUP
+from tests.mirror_support import RAGFLOW_GROUP, prepare_stream
 from tests.shadow_support import read_verdicts
 
 _OURS = ("KAFKA_", "MIRROR_", "REDIS_", "SHADOW_", "SIDECAR_", "OBSERVER_", "STATUS_")
 WORKER = "task_executor_x_0"
+# The mirror's batch in ``sidecar_env``: a crash can re-send at most this many records.
+MIRROR_BATCH = 100
 
 
 @dataclass
@@ -42,6 +45,33 @@ class FaultRow:
     duplicates: int  # Kafka records beyond the first per entry
     recover_s: float  # from the end of the fault until everything was in Kafka (and judged)
     note: str = ""
+
+    @classmethod
+    def of(
+        cls, fault: str, row: StreamReconciliation, recover_s: float, note: str = ""
+    ) -> FaultRow:
+        """The line of a fault whose stream ``reconcile`` accounted for as ``row``."""
+        return cls(fault, row.written, len(row.missing), row.extra_records, recover_s, note)
+
+
+def valkey_url(settings: Settings) -> str:
+    """The URL of the Valkey database ``settings`` name (no credentials in the tests)."""
+    return f"redis://{settings.redis.host}:{settings.redis.port}/{settings.redis.db}"
+
+
+def own_settings(
+    base: Settings, stream: str, *, redis_url: str | None = None, bootstrap: str | None = None
+) -> Settings:
+    """Settings on ``stream`` and its shadow group, on ``base``'s Valkey and Kafka unless the test
+    brings its own (``redis_url``, ``bootstrap``): where ``reconcile`` and the verdict reads look."""
+    return Settings.from_env(
+        {
+            "REDIS_URL": redis_url or valkey_url(base),
+            "KAFKA_BOOTSTRAP_SERVERS": bootstrap or ",".join(base.kafka.bootstrap_servers),
+            "MIRROR_STREAMS": stream,
+            "SHADOW_GROUP": f"shadow-{stream}",
+        }
+    )
 
 
 def sidecar_env(
@@ -56,7 +86,7 @@ def sidecar_env(
         "MIRROR_STREAMS": stream,
         "MIRROR_START": "earliest",
         "MIRROR_GROUP": f"mirror-{unique}",
-        "MIRROR_BATCH": "100",
+        "MIRROR_BATCH": str(MIRROR_BATCH),
         "MIRROR_BLOCK_MS": "200",
         "MIRROR_CLAIM_IDLE_MS": "2000",
         "SHADOW_GROUP": f"shadow-{unique}",
@@ -155,9 +185,14 @@ async def probe(port: int, path: str = "/readyz") -> int | None:
     return await asyncio.to_thread(get)
 
 
+async def answers(port: int, path: str, status: int) -> bool:
+    """Whether the sidecar's endpoint ``path`` on ``port`` answers ``status``."""
+    return await probe(port, path) == status
+
+
 async def ready(port: int) -> bool:
     """Whether the sidecar's /readyz on ``port`` answers 200 (every loop running)."""
-    return await probe(port) == 200
+    return await answers(port, "/readyz", 200)
 
 
 async def produce(
@@ -274,3 +309,83 @@ async def acked_more(client: avalkey.Valkey, stream: str, group: str) -> bool:
         _last_acked[stream] = acked
         return True
     return False
+
+
+@dataclass
+class Share:
+    """A fault test's own stream with RAGFlow's group on it, on the Valkey and Kafka that
+    ``settings`` name: the sidecar's environment for it, RAGFlow's producer and worker on it, and
+    the checks at the end that nothing was lost and RAGFlow's side was left alone."""
+
+    settings: Settings
+    client: avalkey.Valkey
+    stream: str
+
+    @classmethod
+    async def prepare(cls, settings: Settings, client: avalkey.Valkey, stream: str) -> Share:
+        """The task topics made and RAGFlow's group created on ``stream``."""
+        await prepare_stream(settings, client, stream)
+        return cls(settings, client, stream)
+
+    @property
+    def mirror_group(self) -> str:
+        """The mirror's group in ``env`` (named after the stream)."""
+        return f"mirror-{self.stream}"
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """A sidecar process's environment on this stream (see ``sidecar_env``)."""
+        bootstrap = ",".join(self.settings.kafka.bootstrap_servers)
+        return sidecar_env(valkey_url(self.settings), bootstrap, self.stream, self.stream, **extra)
+
+    def worker(self, total: int, timeout_s: float = 300) -> asyncio.Task[Counter[str]]:
+        """RAGFlow's worker on the stream, in the background (see ``ragflow_worker``)."""
+        return asyncio.create_task(ragflow_worker(self.client, self.stream, total, timeout_s))
+
+    def producer(
+        self, total: int, *, chunk: int = 100, pause_s: float = 0.1
+    ) -> asyncio.Task[list[str]]:
+        """RAGFlow's producer on the stream, in the background (see ``produce``)."""
+        return asyncio.create_task(
+            produce(self.client, self.stream, total, chunk=chunk, pause_s=pause_s)
+        )
+
+    async def has_verdicts(self) -> bool:
+        """Whether any verdict about the stream has been published yet."""
+        return bool(await read_verdicts(self.settings, {self.stream}, expected=1, timeout_s=2))
+
+    async def judged(self, total: int, timeout_s: float) -> list[dict[str, Any]]:
+        """Every verdict about the stream, once each of ``total`` entries has a final one."""
+        return await judged(self.settings, self.stream, total, timeout_s)
+
+    async def assert_intact(
+        self,
+        total: int,
+        ids: list[str],
+        worker: Awaitable[Counter[str]],
+        *,
+        crashes: int,
+        batch: int = MIRROR_BATCH,
+    ) -> StreamReconciliation:
+        """``assert_reconciled`` on the stream, then ``assert_ragflow_untouched`` with what the
+        ``worker`` was handed; ``batch`` is the sidecar's MIRROR_BATCH."""
+        row = await assert_reconciled(
+            self.settings, self.stream, total, crashes=crashes, batch=batch
+        )
+        await assert_ragflow_untouched(self.client, self.stream, await worker, ids)
+        return row
+
+
+async def kill_repeatedly(
+    process: SidecarProcess, share: Share, kills: int, rng: random.Random, max_pause_s: float
+) -> None:
+    """SIGKILL and restart ``process`` ``kills`` times, each at a random moment once its mirror
+    acks entries again, so that each kill hits work (mid-batch, with nothing committed)."""
+    for _ in range(kills):
+        await wait_until(
+            lambda: acked_more(share.client, share.stream, share.mirror_group),
+            "the mirror to ack entries again",
+            timeout_s=120,
+            interval_s=0.05,
+        )
+        await asyncio.sleep(rng.uniform(0.0, max_pause_s))
+        process.restart()

@@ -20,22 +20,16 @@ from sidecar.transport import KafkaConsumer, KafkaProducer, OutgoingMessage
 from sidecar.transport.topics import init_topics
 from tests.faults.support import (
     FaultRow,
+    Share,
     SidecarProcess,
     assert_one_verdict_each,
-    assert_ragflow_untouched,
-    assert_reconciled,
-    judged,
-    produce,
-    ragflow_worker,
-    sidecar_env,
+    own_settings,
     wait_until,
 )
-from tests.mirror_support import RAGFLOW_GROUP, ragflow_tasks, read_mirrored
-from tests.shadow_support import read_verdicts
+from tests.mirror_support import ragflow_tasks, read_mirrored
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(420)]
 
-BATCH = 100
 REQUEST_TIMEOUT_MS = 2000
 MIRROR_GROUP = "ragflow_kafka_mirror"  # the default MIRROR_GROUP
 
@@ -52,28 +46,14 @@ async def test_whole_sidecar_through_a_broker_fault(
 ) -> None:
     """``kill -9``: the broker dies and is started again at once on the same data dir.
     ``outage``: the broker is stopped for four request timeouts, then started again."""
-    own = Settings.from_env(
-        {
-            "REDIS_URL": f"redis://{settings.redis.host}:{settings.redis.port}/1",
-            "KAFKA_BOOTSTRAP_SERVERS": own_broker.bootstrap_servers,
-            "MIRROR_STREAMS": unique,
-            "SHADOW_GROUP": f"shadow-{unique}",
-        }
-    )
-    await init_topics(own.kafka)
+    own = own_settings(settings, unique, bootstrap=own_broker.bootstrap_servers)
+    share = await Share.prepare(own, valkey_client, unique)
     total = 3000
-    await valkey_client.xgroup_create(unique, RAGFLOW_GROUP, id="0", mkstream=True)
-    env = sidecar_env(
-        f"redis://{settings.redis.host}:{settings.redis.port}/1",
-        own_broker.bootstrap_servers,
-        unique,
-        unique,
-        KAFKA_REQUEST_TIMEOUT_MS=str(REQUEST_TIMEOUT_MS),
-    )
-    worker = asyncio.create_task(ragflow_worker(valkey_client, unique, total))
-    producer = asyncio.create_task(produce(valkey_client, unique, total, pause_s=0.2))
+    env = share.env(KAFKA_REQUEST_TIMEOUT_MS=str(REQUEST_TIMEOUT_MS))
+    worker = share.worker(total)
+    producer = share.producer(total, pause_s=0.2)
     with SidecarProcess(["run"], env, tmp_path / "sidecar.log") as sidecar:
-        await wait_until(lambda: _has_verdicts(own, unique), "the first verdicts", 120, 1.0)
+        await wait_until(share.has_verdicts, "the first verdicts", 120, 1.0)
         if fault == "kill -9":
             await asyncio.to_thread(own_broker.kill)
         else:
@@ -82,29 +62,22 @@ async def test_whole_sidecar_through_a_broker_fault(
         await asyncio.to_thread(own_broker.start)
         restarted = time.monotonic()
         ids = await producer
-        verdicts = await judged(own, unique, total, timeout_s=240)
+        verdicts = await share.judged(total, timeout_s=240)
         recover_s = time.monotonic() - restarted
         assert sidecar.stop() == 0
     log = (tmp_path / "sidecar.log").read_text()
     kinds = assert_one_verdict_each(verdicts, ids)
     # Two re-sends at most: the batch in hand when the broker died, and the one in hand when
     # the sidecar restarted in-process because its verdicts could not be published.
-    row = await assert_reconciled(own, unique, total, crashes=2, batch=BATCH)
-    await assert_ragflow_untouched(valkey_client, unique, await worker, ids)
+    row = await share.assert_intact(total, ids, worker, crashes=2)
     fault_table.append(
-        FaultRow(
+        FaultRow.of(
             f"Kafka broker {fault} mid-stream",
-            total,
-            len(row.missing),
-            row.extra_records,
+            row,
             recover_s,
             f"verdicts {dict(kinds)}, in-process restarts {log.count('starting again in')}",
         )
     )
-
-
-async def _has_verdicts(settings: Settings, stream: str) -> bool:
-    return bool(await read_verdicts(settings, {stream}, expected=1, timeout_s=2))
 
 
 async def test_kill_9_and_restart_keeps_every_acknowledged_record(own_broker: LocalKafka) -> None:

@@ -12,12 +12,18 @@ import valkey.asyncio as avalkey
 
 from sidecar.config import Settings
 from sidecar.dev.local_stack import LocalKafka
-from sidecar.transport.topics import init_topics
-from tests.faults.support import SidecarProcess, probe, ready, sidecar_env, wait_until
-from tests.mirror_support import RAGFLOW_GROUP
+from tests.conftest import free_port
+from tests.faults.support import (
+    Share,
+    SidecarProcess,
+    answers,
+    own_settings,
+    probe,
+    ready,
+    wait_until,
+)
 from tests.shadow_handlers import RELEASE
-from tests.shadow_support import running_sidecar, sidecar_settings
-from tests.test_metrics import free_port
+from tests.shadow_support import metered_sidecar, running_sidecar
 from tests.test_shadow import enqueue
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
@@ -32,18 +38,10 @@ async def test_healthz_stays_200_through_a_kafka_outage_while_readyz_is_503(
     own_broker: LocalKafka,
     tmp_path: Path,
 ) -> None:
-    redis_url = f"redis://{settings.redis.host}:{settings.redis.port}/1"
-    own = Settings.from_env(
-        {"REDIS_URL": redis_url, "KAFKA_BOOTSTRAP_SERVERS": own_broker.bootstrap_servers}
-    )
-    await init_topics(own.kafka)
-    await valkey_client.xgroup_create(unique, RAGFLOW_GROUP, id="0", mkstream=True)
+    own = own_settings(settings, unique, bootstrap=own_broker.bootstrap_servers)
+    share = await Share.prepare(own, valkey_client, unique)
     port = free_port()
-    env = sidecar_env(
-        redis_url,
-        own_broker.bootstrap_servers,
-        unique,
-        unique,
+    env = share.env(
         KAFKA_REQUEST_TIMEOUT_MS="2000",
         SIDECAR_METRICS_PORT=str(port),
         SIDECAR_METRICS_HOST="127.0.0.1",
@@ -69,15 +67,10 @@ async def test_healthz_stays_200_through_a_kafka_outage_while_readyz_is_503(
 async def test_healthz_turns_503_when_a_loop_is_wedged(
     settings: Settings, valkey_client: avalkey.Valkey, unique: str
 ) -> None:
-    await init_topics(settings.kafka)
-    stream = f"{unique}.0"
-    await valkey_client.xgroup_create(stream, RAGFLOW_GROUP, id="0", mkstream=True)
-    port = free_port()
-    config = sidecar_settings(
+    stream, port, config = await metered_sidecar(
         settings,
-        [stream],
+        valkey_client,
         unique,
-        SIDECAR_METRICS_PORT=str(port),
         SIDECAR_METRICS_HOST="127.0.0.1",
         SHADOW_HANDLER="tests.shadow_handlers:stall_until_released",
         MAX_CONCURRENT_TASKS="1",
@@ -89,16 +82,15 @@ async def test_healthz_turns_503_when_a_loop_is_wedged(
             await wait_until(lambda: ready(port), "/readyz 200", 60, 0.2)
             assert await probe(port, "/healthz") == 200
             await enqueue(valkey_client, stream, [{"id": f"{unique}{n}"} for n in range(3)])
-
-            async def wedged() -> bool:
-                return await probe(port, "/healthz") == 503
-
-            await wait_until(wedged, "/healthz 503 for the stalled loop", 60, 0.2)
+            await wait_until(
+                lambda: answers(port, "/healthz", 503), "/healthz 503 for the stalled loop", 60, 0.2
+            )
             RELEASE.set()
-
-            async def alive() -> bool:
-                return await probe(port, "/healthz") == 200
-
-            await wait_until(alive, "/healthz 200 once the loop turns again", 60, 0.2)
+            await wait_until(
+                lambda: answers(port, "/healthz", 200),
+                "/healthz 200 once the loop turns again",
+                60,
+                0.2,
+            )
     finally:
         RELEASE.set()

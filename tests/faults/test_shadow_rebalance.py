@@ -10,52 +10,33 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import valkey.asyncio as avalkey
 
-from sidecar.config import Settings
-from sidecar.transport.topics import init_topics
 from tests.conftest import free_port
 from tests.faults.support import (
     FaultRow,
+    Share,
     SidecarProcess,
     assert_one_verdict_each,
-    assert_ragflow_untouched,
-    assert_reconciled,
-    judged,
-    produce,
-    ragflow_worker,
     ready,
-    sidecar_env,
     wait_until,
 )
-from tests.mirror_support import RAGFLOW_GROUP
-from tests.shadow_support import read_verdicts
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(420)]
 
-BATCH = 100
-
 
 async def test_shadow_killed_mid_batch_and_a_second_instance_joins_and_leaves(
-    settings: Settings,
-    valkey_client: avalkey.Valkey,
-    unique: str,
-    tmp_path: Path,
-    fault_table: list[FaultRow],
+    share: Share, tmp_path: Path, fault_table: list[FaultRow]
 ) -> None:
-    await init_topics(settings.kafka)
     total = 4000
-    await valkey_client.xgroup_create(unique, RAGFLOW_GROUP, id="0", mkstream=True)
-    env = sidecar_env(
-        f"redis://{settings.redis.host}:{settings.redis.port}/1",
-        ",".join(settings.kafka.bootstrap_servers),
-        unique,
-        unique,
-    )
+    env = share.env()
     port_a, port_b = free_port(), free_port()
     shadow_a = SidecarProcess(
         ["shadow"],
-        {**env, "SIDECAR_METRICS_PORT": str(port_a), "SIDECAR_INSTANCE": f"shadow-a-{unique}"},
+        {
+            **env,
+            "SIDECAR_METRICS_PORT": str(port_a),
+            "SIDECAR_INSTANCE": f"shadow-a-{share.stream}",
+        },
         tmp_path / "shadow-a.log",
     )
     # A replica scaled out for a while: no stable name, so it leaves the group when it stops.
@@ -65,20 +46,18 @@ async def test_shadow_killed_mid_batch_and_a_second_instance_joins_and_leaves(
     )
     mirror = SidecarProcess(
         ["mirror", "--compare"],
-        {**env, "SIDECAR_INSTANCE": f"mirror-{unique}"},
+        {**env, "SIDECAR_INSTANCE": f"mirror-{share.stream}"},
         tmp_path / "mirror.log",
     )
-    worker = asyncio.create_task(ragflow_worker(valkey_client, unique, total))
+    worker = share.worker(total)
     try:
         # The shadow first: with SHADOW_START=latest it must be in place before the mirror
         # produces anything it is meant to see.
         shadow_a.start()
         await wait_until(lambda: ready(port_a), "shadow A to be ready", timeout_s=120)
         mirror.start()
-        producer = asyncio.create_task(produce(valkey_client, unique, total, pause_s=0.3))
-        await wait_until(
-            lambda: _judged_some(settings, unique), "the first verdicts", timeout_s=120
-        )
+        producer = share.producer(total, pause_s=0.3)
+        await wait_until(share.has_verdicts, "the first verdicts", timeout_s=120)
         shadow_a.restart()  # SIGKILL with tasks in hand and offsets not committed
         await wait_until(lambda: ready(port_a), "shadow A back", timeout_s=120)
         shadow_b.start()  # joins: the group rebalances
@@ -88,7 +67,7 @@ async def test_shadow_killed_mid_batch_and_a_second_instance_joins_and_leaves(
         assert shadow_b.stop() == 0  # leaves: the group rebalances again
         left = time.monotonic()
         ids = await producer
-        verdicts = await judged(settings, unique, total, timeout_s=240)
+        verdicts = await share.judged(total, timeout_s=240)
         recover_s = time.monotonic() - left
         assert mirror.stop() == 0
         assert shadow_a.stop() == 0
@@ -96,22 +75,15 @@ async def test_shadow_killed_mid_batch_and_a_second_instance_joins_and_leaves(
         for process in (shadow_a, shadow_b, mirror):
             process.close()
     kinds = assert_one_verdict_each(verdicts, ids)
-    row = await assert_reconciled(settings, unique, total, crashes=1, batch=BATCH)
-    await assert_ragflow_untouched(valkey_client, unique, await worker, ids)
+    row = await share.assert_intact(total, ids, worker, crashes=1)
     fault_table.append(
-        FaultRow(
+        FaultRow.of(
             "shadow kill -9 + instance joins/leaves",
-            total,
-            len(row.missing),
-            row.extra_records,
+            row,
             recover_s,
             f"verdicts {dict(kinds)}; B processed {b_processed} records while in",
         )
     )
-
-
-async def _judged_some(settings: Settings, stream: str) -> bool:
-    return bool(await read_verdicts(settings, {stream}, expected=1, timeout_s=2))
 
 
 async def _processed(port: int) -> int:

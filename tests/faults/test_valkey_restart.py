@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
-from collections.abc import Awaitable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,27 +14,21 @@ import valkey.asyncio as avalkey
 
 from sidecar.config import Settings
 from sidecar.dev.local_stack import LocalValkey
-from sidecar.transport.topics import init_topics
 from tests.conftest import free_port
 from tests.faults.support import (
     FaultRow,
+    Share,
     SidecarProcess,
+    answers,
     assert_one_verdict_each,
-    assert_ragflow_untouched,
-    assert_reconciled,
-    judged,
+    own_settings,
     probe,
     produce,
-    ragflow_worker,
     ready,
-    sidecar_env,
     wait_until,
 )
-from tests.mirror_support import RAGFLOW_GROUP
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(420)]
-
-BATCH = 100
 
 
 @pytest.fixture
@@ -54,28 +48,14 @@ async def test_valkey_restarted_with_aof_mid_stream(
     tmp_path: Path,
     fault_table: list[FaultRow],
 ) -> None:
-    await init_topics(settings.kafka)
-    own = Settings.from_env(
-        {
-            "REDIS_URL": aof_valkey.url,
-            "KAFKA_BOOTSTRAP_SERVERS": ",".join(settings.kafka.bootstrap_servers),
-            "MIRROR_STREAMS": unique,
-            "SHADOW_GROUP": f"shadow-{unique}",
-        }
-    )
+    own = own_settings(settings, unique, redis_url=aof_valkey.url)
     total = 4000
     client = avalkey.Valkey(**own.redis.client_kwargs(), decode_responses=False)
     try:
-        await client.xgroup_create(unique, RAGFLOW_GROUP, id="0", mkstream=True)
+        share = await Share.prepare(own, client, unique)
         port = free_port()
-        env = sidecar_env(
-            aof_valkey.url,
-            ",".join(settings.kafka.bootstrap_servers),
-            unique,
-            unique,
-            SIDECAR_METRICS_PORT=str(port),
-        )
-        worker = asyncio.create_task(ragflow_worker(client, unique, total))
+        env = share.env(SIDECAR_METRICS_PORT=str(port))
+        worker = share.worker(total)
         with SidecarProcess(["run"], env, tmp_path / "sidecar.log") as sidecar:
             # Half of it as a backlog, so the sidecar is busy with it when Valkey goes away.
             ids = await produce(client, unique, total // 2, chunk=500, pause_s=0.0)
@@ -85,36 +65,31 @@ async def test_valkey_restarted_with_aof_mid_stream(
             await asyncio.to_thread(aof_valkey.stop)  # SHUTDOWN: the AOF is flushed
             # While Valkey is away the endpoint stays up across the in-process restarts and
             # says the sidecar is not ready, rather than going silent.
-            await wait_until(lambda: _is(probe(port), 503), "/readyz to answer 503", timeout_s=60)
+            await wait_until(
+                lambda: answers(port, "/readyz", 503), "/readyz to answer 503", timeout_s=60
+            )
             assert await probe(port, "/metrics") == 200
             await asyncio.to_thread(aof_valkey.start)
             await wait_until(lambda: ready(port), "/readyz to answer 200 again", timeout_s=120)
             restarted = time.monotonic()
             ids += await produce(client, unique, total - total // 2, pause_s=0.05)
-            verdicts = await judged(own, unique, total, timeout_s=240)
+            verdicts = await share.judged(total, timeout_s=240)
             recover_s = time.monotonic() - restarted
             assert sidecar.stop() == 0
         log = (tmp_path / "sidecar.log").read_text()
         assert "starting again in" in log  # it noticed, and restarted in-process
         kinds = assert_one_verdict_each(verdicts, ids)
-        row = await assert_reconciled(own, unique, total, crashes=1, batch=BATCH)
-        await assert_ragflow_untouched(client, unique, await worker, ids)
+        row = await share.assert_intact(total, ids, worker, crashes=1)
     finally:
         await client.aclose()
     fault_table.append(
-        FaultRow(
+        FaultRow.of(
             "Valkey restart (AOF) mid-stream",
-            total,
-            len(row.missing),
-            row.extra_records,
+            row,
             recover_s,
             f"verdicts {dict(kinds)}, in-process restarts {log.count('starting again in')}",
         )
     )
-
-
-async def _is(status: Awaitable[int | None], wanted: int) -> bool:
-    return await status == wanted
 
 
 async def _mirrored_some(client: avalkey.Valkey, stream: str) -> bool:
