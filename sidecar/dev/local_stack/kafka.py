@@ -23,7 +23,6 @@ import secrets
 import shutil
 import socket
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -292,18 +291,10 @@ class LocalKafka:
         }
 
     def wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self.answers():
-                return
-            if self.process.pid() is None:
-                raise LocalStackError(
-                    f"kafka exited during start-up:\n{self.process.log_tail()}\n"
-                    f"(broker log: {self.server_log})"
-                )
-            if time.monotonic() > deadline:
-                raise LocalStackError(f"kafka did not answer a metadata request in {timeout_s} s")
-            time.sleep(0.2)
+        self.process.wait_until(
+            self.answers, timeout_s, 0.2, what="answer a metadata request",
+            exited_note=f"\n(broker log: {self.server_log})",
+        )  # fmt: skip
 
     def answers(self) -> bool:
         """True when a metadata request lists this broker."""

@@ -12,7 +12,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from sidecar.errors import LocalStackError
@@ -108,6 +108,27 @@ class ManagedProcess:
             self._wait_gone(pid, 10.0)
         self.pid_file.unlink(missing_ok=True)
         return True
+
+    def wait_until(
+        self,
+        answers: Callable[[], bool],
+        timeout_s: float,
+        interval_s: float,
+        *,
+        what: str,
+        exited_note: str = "",
+    ) -> None:
+        """Poll ``answers`` until it is true; LocalStackError if the process exits first (with
+        its log's tail and ``exited_note``) or ``timeout_s`` passes (saying it did not ``what``)."""
+        deadline = time.monotonic() + timeout_s
+        while not answers():
+            if self.pid() is None:
+                raise LocalStackError(
+                    f"{self.name} exited during start-up:\n{self.log_tail()}{exited_note}"
+                )
+            if time.monotonic() > deadline:
+                raise LocalStackError(f"{self.name} did not {what} in {timeout_s:.0f} s")
+            time.sleep(interval_s)
 
     def log_tail(self, lines: int = 20) -> str:
         try:

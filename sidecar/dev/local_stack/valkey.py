@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import valkey
@@ -58,17 +57,7 @@ class LocalValkey:
         self.wait_ready(timeout_s)
 
     def wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self.ping():
-                return
-            if self.process.pid() is None:
-                raise LocalStackError(
-                    f"valkey-server exited during start-up:\n{self.process.log_tail()}"
-                )
-            if time.monotonic() > deadline:
-                raise LocalStackError(f"valkey-server did not answer PING in {timeout_s:.0f} s")
-            time.sleep(0.05)
+        self.process.wait_until(self.ping, timeout_s, 0.05, what="answer PING")
 
     def ping(self) -> bool:
         try:
