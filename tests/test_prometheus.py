@@ -297,10 +297,15 @@ async def test_every_dashboard_query_returns_data(
             assert done is not None
             await prometheus.wait_for("two more scrapes", scrapes, done + 2)
             grown = await prometheus.query(f"sum by (verdict) (increase({VERDICTS}[5m]))")
-            assert {s["metric"]["verdict"] for s in grown if float(s["value"][1]) > 0} == {
+            by_kind = {s["metric"]["verdict"]: float(s["value"][1]) for s in grown}
+            # missing_primary: the old name of missing_in_redis, exported beside it for one
+            # release with the same value (docs/metrics.md, "Renamed after 0.1.0").
+            assert {kind for kind, value in by_kind.items() if value > 0} == {
                 "match",
                 *faults,
+                "missing_primary",
             }, grown
+            assert by_kind["missing_primary"] == by_kind["missing_in_redis"], grown
 
             names = {name for target in targets for name in metric_names(target.expr)}
             for name in sorted(names):

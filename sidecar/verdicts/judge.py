@@ -78,7 +78,7 @@ class Judge:
         """Store one side of each entry; decide and publish the entries this completed."""
         now_ms = int(time.time() * 1000)
         token = self.token(now_ms)
-        with translate_valkey_errors(f"record the {side} side", self.where):
+        with translate_valkey_errors(f"record the {side.replace('_', ' ')}", self.where):
             outcomes = await self.join.record(side, arrivals, token, now_ms)
         ready = [a.ref for a, o in zip(arrivals, outcomes, strict=True) if o == "decide"]
         duplicates = [a for a, o in zip(arrivals, outcomes, strict=True) if o == "duplicate"]
