@@ -57,12 +57,15 @@ demo: $(STAMP)
 # targets that a busy machine can miss (tracing, comparators) come first and last. Options per
 # bench (see each file's docstring), e.g. `make bench OUTAGE_BENCH_ARGS="--outage-s 20"`; these
 # defaults take about 20 minutes on 2 busy CPUs and keep the 1,000,000-entry backlog drain.
+# The join bench runs last and does not fail the run (the leading -): its verdicts/s target is
+# not met yet (issue 13, docs/performance.md); it still prints MISSED.
 COMPARE_BENCH_ARGS ?=
 MIRROR_BENCH_ARGS  ?= --entries 100000
 OUTAGE_BENCH_ARGS  ?=
 E2E_BENCH_ARGS     ?=
 SERVE_BENCH_ARGS   ?=
 TRACING_BENCH_ARGS ?= --entries 5000 --mirror-entries 50000
+JOIN_BENCH_ARGS    ?=
 LOADAVG = echo "load average: $$(cut -d' ' -f1-3 /proc/loadavg)"
 
 bench: $(STAMP)
@@ -78,6 +81,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/serve_throughput.py $(SERVE_BENCH_ARGS)
 	@$(LOADAVG)
 	$(BIN)/python bench/tracing_overhead.py $(TRACING_BENCH_ARGS)
+	@$(LOADAVG)
+	-$(BIN)/python bench/join_throughput.py $(JOIN_BENCH_ARGS)
 	@$(LOADAVG)
 
 clean:

@@ -98,7 +98,11 @@ class CompareClients:
     def judge(self, settings: Settings, tracing: Tracing) -> Judge:
         """A judge on these clients."""
         return Judge(
-            settings, join_client=self.join.client, publisher=self.publisher, tracing=tracing
+            settings,
+            join_client=self.join.client,
+            publisher=self.publisher,
+            tracing=tracing,
+            batch_limit=settings.shadow.join_batch,
         )
 
 

@@ -66,6 +66,8 @@ class ShadowSettings:
     # One key per processed entry: a day covers any replay, and keeps RAGFlow's small Valkey
     # (128 MB in its compose) from holding a week of them.
     dedup_ttl_s: int = 86400
+    # Arrivals of one side recorded in the join in one batch at most; 1: one call each.
+    join_batch: int = 500
     rules_file: str | None = None
     latency_tolerance_ms: float = 60000.0
     observer_interval_ms: int = 500

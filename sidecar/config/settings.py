@@ -201,6 +201,7 @@ SHADOW = Table(
     Var("SHADOW_COMPARE_TIMEOUT_S", "compare_timeout_s", number(0.1, 7 * 86400.0)),
     Var("SHADOW_JOIN_TTL_S", "join_ttl_s", integer(60)),
     Var("SHADOW_DEDUP_TTL_S", "dedup_ttl_s", integer(60)),
+    Var("SHADOW_JOIN_BATCH", "join_batch", integer(1, 10_000)),
     Var("COMPARE_LATENCY_TOLERANCE_MS", "latency_tolerance_ms", number(0.0, 86400000.0)),
     Var("OBSERVER_INTERVAL_MS", "observer_interval_ms", integer(10)),
     Var("SIDECAR_INSTANCE", "instance", text()),

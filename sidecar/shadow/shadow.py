@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import valkey.asyncio as valkey
 
@@ -28,6 +29,7 @@ from sidecar.config import Settings
 from sidecar.config.routing import RouteTable
 from sidecar.errors import MessageDecodeError, SidecarError
 from sidecar.lifecycle import Lifecycle
+from sidecar.shadow.dedup import Claim, claim_entries
 from sidecar.shadow.handlers import HandlerResult, NamedHandler, TaskMeta, load_handler, run_handler
 from sidecar.shadow.records import (
     decode_record,
@@ -38,12 +40,13 @@ from sidecar.shadow.records import (
 )
 from sidecar.shadow.replay import value_sha
 from sidecar.shadow.trace import kafka_run_facts, traced
+from sidecar.transport.coalesce import Coalescer
 from sidecar.transport.dead_letter import dead_letter
 from sidecar.transport.kafka import KafkaConsumer, KafkaProducer
 from sidecar.transport.message import QueueMessage, header_text
 from sidecar.transport.served import is_served
 from sidecar.transport.valkey_client import translate_valkey_errors
-from sidecar.verdicts.join import ALIVE_PREFIX, SEEN_PREFIX, Arrival, EntryRef
+from sidecar.verdicts.join import ALIVE_PREFIX, Arrival, EntryRef
 from sidecar.verdicts.judge import Judge, digest_or_none
 
 logger = logging.getLogger(__name__)
@@ -113,6 +116,16 @@ class ShadowConsumer(Lifecycle):
         self._dlq = dlq
         self._client = client
         self._where = settings.redis.display_url
+        # The dedup claims of the tasks that start together: one pipelined round trip.
+        self._claims: Coalescer[tuple[EntryRef, str], tuple[Claim, bool]] = Coalescer(
+            functools.partial(
+                claim_entries,
+                client,
+                me=self._instance.encode(),
+                ttl_s=settings.shadow.dedup_ttl_s,
+            ),
+            settings.shadow.join_batch,
+        )
         self._order = OrderTracker()
         self._priority_topics = [t for t in topics if t == routes.priority_parse_topic]
         self._pinned = False  # SHADOW_START=latest positions committed once per start
@@ -238,7 +251,8 @@ class ShadowConsumer(Lifecycle):
             facts["decode_error"] = exc.reason
             await self._submit(message, ref, facts)
             return
-        claim = await self._claim(ref)
+        with translate_valkey_errors("take the dedup key", self._where):
+            [(claim, cancelled)] = await self._claims.submit([(ref, f"{task.get('id')}-cancel")])
         if claim == "skip":
             self.stats.duplicates += 1
             await message.ack()
@@ -246,8 +260,6 @@ class ShadowConsumer(Lifecycle):
         if claim == "recorded":
             await self._submit(message, ref, self._facts(message, task, started_ms, ref))
             return
-        with translate_valkey_errors("look up the cancel key", self._where):
-            cancelled = bool(await self._client.exists(f"{task.get('id')}-cancel"))
         result, attempts = await self._run_with_retries(message, task, ref, cancelled, stop)
         facts = self._facts(message, task, started_ms, ref)
         facts.update(
@@ -282,27 +294,6 @@ class ShadowConsumer(Lifecycle):
         if outcome in ("duplicate", "duplicate_again"):
             self.stats.duplicates += 1
         await message.ack()
-
-    async def _claim(self, ref: EntryRef) -> Literal["process", "recorded", "skip"]:
-        """Whether this delivery processes the entry (``process``), finds its kafka run
-        already recorded (``recorded``), or leaves it to a live instance processing it now."""
-        key = f"{SEEN_PREFIX}{ref.stream}:{ref.entry_id}"
-        ttl_s = self.settings.shadow.dedup_ttl_s
-        me = self._instance.encode()
-        with translate_valkey_errors("take the dedup key", self._where):
-            if await self._client.set(key, me, nx=True, ex=ttl_s):
-                return "process"
-            if await self._client.hexists(ref.key, "kafka_run"):  # type: ignore[misc]
-                return "recorded"
-            holder = await self._client.get(key)
-            if holder == me:
-                # A second copy while ours is in flight: the join keeps one, counts the other.
-                return "process"
-            if holder and await self._client.exists(f"{ALIVE_PREFIX}{holder.decode()}"):
-                return "skip"
-            # Its holder died before recording an outcome: this delivery takes it over.
-            await self._client.set(key, me, ex=ttl_s)
-            return "process"
 
     async def _run_with_retries(
         self,

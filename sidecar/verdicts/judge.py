@@ -9,6 +9,7 @@ in the verdict but do not make it a mismatch: a slow path is a finding, not a wr
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections import Counter
@@ -22,16 +23,22 @@ from sidecar.config import Settings
 from sidecar.errors import SidecarError
 from sidecar.telemetry.tracing import Tracing
 from sidecar.transport.base import OutgoingMessage
+from sidecar.transport.coalesce import Coalescer
 from sidecar.transport.kafka import KafkaProducer
 from sidecar.transport.topics import VERDICTS_TOPIC
 from sidecar.transport.valkey_client import translate_valkey_errors
 from sidecar.verdicts.compare import Comparators, digest_or_none
-from sidecar.verdicts.join import Arrival, EntryRef, JoinStore, RecordOutcome, Side
+from sidecar.verdicts.join import SIDES, Arrival, EntryRef, JoinStore, RecordOutcome, Side
 from sidecar.verdicts.model import VerdictRecord, capped
 from sidecar.verdicts.trace import compare_span
 
 # digest_or_none: for the shadow and the replay, which import it from here too.
 __all__ = ["Judge", "JudgeStats", "digest_or_none"]
+
+# SHADOW_JOIN_BATCH's default: arrivals of one side recorded in one batch at most (a caller's
+# own are never split); large enough for every task a shadow has in hand, small enough that
+# one pipeline stays well under a second.
+JOIN_BATCH_LIMIT = 500
 
 
 @dataclass
@@ -58,6 +65,7 @@ class Judge:
         publisher: KafkaProducer,
         tracing: Tracing,
         comparators: Comparators | None = None,
+        batch_limit: int = JOIN_BATCH_LIMIT,
     ) -> None:
         """The clients and ``tracing`` are the composition root's (:mod:`sidecar.app`), started
         before the judge is used and stopped after; ``comparators`` default to
@@ -69,13 +77,24 @@ class Judge:
         self.where = settings.redis.display_url
         self.join = JoinStore(join_client, ttl_s=settings.shadow.join_ttl_s)
         self._producer = publisher
+        self._batches: dict[Side, Coalescer[Arrival, RecordOutcome]] = {
+            side: Coalescer(functools.partial(self._record_now, side), batch_limit)
+            for side in SIDES
+        }
 
     def token(self, now_ms: int) -> str:
         """This instance's claim on the entries it decides at ``now_ms``."""
         return f"{self.settings.shadow.instance}@{now_ms}"
 
     async def record(self, side: Side, arrivals: Sequence[Arrival]) -> list[RecordOutcome]:
-        """Store one side of each entry; decide and publish the entries this completed."""
+        """Store one side of each entry; decide and publish the entries this completed.
+
+        Concurrent calls for a side share one batch (:class:`Coalescer`): one pipelined
+        record, one load, one Kafka send and one finish for all of them.
+        """
+        return await self._batches[side].submit(arrivals)
+
+    async def _record_now(self, side: Side, arrivals: list[Arrival]) -> list[RecordOutcome]:
         now_ms = int(time.time() * 1000)
         token = self.token(now_ms)
         with translate_valkey_errors(f"record the {side.replace('_', ' ')}", self.where):
