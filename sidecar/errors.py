@@ -50,6 +50,14 @@ class RetriableMessageQueueError(MessageQueueError):
     retriable = True
 
 
+class ServerFullError(MessageQueueError):
+    """Valkey at its ``maxmemory`` with ``noeviction`` refused a write (``OOM command not
+    allowed``): it succeeds once keys expire or the limit is raised, so it is retried (the
+    supervisor's rebuild, with its growing backoff, is the sidecar's backpressure)."""
+
+    retriable = True
+
+
 class ProducerStateLostError(MessageQueueError):
     """The broker refuses the producer's idempotence state (sequence numbers out of order after
     records expired in a long outage): the same records succeed from a new producer."""

@@ -18,7 +18,7 @@ import valkey.asyncio as avalkey
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from sidecar.config import Settings
-from sidecar.dev.local_stack import LocalKafka, LocalStack, StackConfig
+from sidecar.dev.local_stack import LocalKafka, LocalStack, LocalValkey, StackConfig
 from sidecar.errors import LocalStackError
 from tests.otlp_support import Collector, running_collector
 
@@ -123,6 +123,17 @@ def own_broker(tmp_path: Path) -> Iterator[LocalKafka]:
     yield broker
     broker.stop()
     shutil.rmtree(tmp_path / "stack", ignore_errors=True)
+
+
+@pytest.fixture
+def state_valkey(tmp_path: Path) -> Iterator[LocalValkey]:
+    """A Valkey of this test's own for the sidecar's state (SIDECAR_STATE_URL): its memory
+    limit and eviction policy are the test's to set, never the session Valkey's."""
+    server = LocalValkey(tmp_path / "state-valkey", free_port())
+    server.start()
+    yield server
+    server.stop()
+    shutil.rmtree(tmp_path / "state-valkey", ignore_errors=True)
 
 
 @pytest.fixture

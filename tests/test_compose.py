@@ -332,6 +332,43 @@ def test_settings_accept_the_resolved_environment(resolved: dict[str, Any]) -> N
     assert settings.mirror.start == "$"
 
 
+def test_state_store_stays_in_ragflows_valkey_unless_the_profile_is_chosen(
+    resolved: dict[str, Any], tmp_path: Path
+) -> None:
+    """sidecar-state is opt-in (profile state-store): a Valkey of the sidecar's own, noeviction,
+    its maxmemory from .env, its data on a volume, off RAGFlow's network; SIDECAR_STATE_URL
+    blank keeps the state in REDIS_URL's Valkey and pointing it there gives a separate store."""
+    environment = _service(resolved, "sidecar")["environment"]
+    settings = Settings.from_env(environ=environment)
+    assert environment["SIDECAR_STATE_URL"] == ""
+    assert settings.state == settings.redis
+    state = _service(resolved, "sidecar-state")
+    assert state["profiles"] == ["state-store"]
+    command = state["command"]
+    assert command[command.index("--maxmemory-policy") + 1] == "noeviction"
+    assert command[command.index("--maxmemory") + 1] == _env_example()["SIDECAR_STATE_MAXMEMORY"]
+    volume = str(state["volumes"][0]).split(":")[0]
+    assert volume in resolved["volumes"]
+    assert list(state["networks"]) == ["sidecar"]
+    assert "sidecar" in _service(resolved, "sidecar")["networks"]  # so the sidecar reaches it
+
+    env_file = tmp_path / ".env"
+    lines = [
+        line
+        for line in _env_lines()
+        if not line.startswith(("SIDECAR_STATE_URL=", "SIDECAR_STATE_MAXMEMORY="))
+    ]
+    lines += ["SIDECAR_STATE_URL=redis://sidecar-state:6379/0", "SIDECAR_STATE_MAXMEMORY=64mb"]
+    env_file.write_text("\n".join(lines) + "\n")
+    result = _compose_config(env_file)
+    assert result.returncode == 0, result.stderr
+    chosen = yaml.safe_load(result.stdout)
+    separate = Settings.from_env(environ=_service(chosen, "sidecar")["environment"])
+    assert (separate.state.host, separate.state.db) == ("sidecar-state", 0)
+    assert separate.redis == settings.redis
+    assert "64mb" in _service(chosen, "sidecar-state")["command"]
+
+
 def test_traffic_share_defaults_to_zero_in_compose(raw: dict[str, Any]) -> None:
     environment = raw["x-sidecar-environment"]
     assert environment["KAFKA_TRAFFIC_PERCENT"] == "${KAFKA_TRAFFIC_PERCENT:-0}"

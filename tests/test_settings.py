@@ -86,6 +86,9 @@ def test_redis_url_forms(
             "required",
         ),
         ({"KAFKA_SSL_CAFILE": "/nonexistent/ca.pem"}, "KAFKA_SSL_CAFILE", "no such file"),
+        ({"SIDECAR_STATE_URL": "http://state:6379"}, "SIDECAR_STATE_URL", "unsupported scheme"),
+        ({"SIDECAR_STATE_URL": "redis://state/one"}, "SIDECAR_STATE_URL", "not a number"),
+        ({"SIDECAR_STATE_URL": "redis://:6379/0"}, "SIDECAR_STATE_URL", "has no host name"),
     ],
 )
 def test_bad_values_name_the_variable(
@@ -129,6 +132,55 @@ def test_secrets_never_show_in_reprs() -> None:
     assert "***" in settings.redis.display_url
     assert settings.kafka.sasl_password == Secret("kafka-pw-456")
     assert settings.kafka.client_kwargs()["sasl_plain_password"] == "kafka-pw-456"
+
+
+def test_the_state_store_defaults_to_redis_urls_server_and_db(tmp_path: Path) -> None:
+    """Unset (or blank), SIDECAR_STATE_URL is REDIS_URL: zero-config keeps the state where it
+    always was, also when REDIS_URL comes from service_conf.yaml."""
+    for environ in (
+        {"REDIS_URL": "redis://:pw@valkey.internal:6380/2"},
+        {"REDIS_URL": "redis://:pw@valkey.internal:6380/2", "SIDECAR_STATE_URL": " "},
+    ):
+        settings = Settings.from_env(environ)
+        assert settings.state == settings.redis
+        state = settings.state
+        assert (state.host, state.port, state.db) == ("valkey.internal", 6380, 2)
+    assert Settings.from_env({}).state == Settings.from_env({}).redis
+    conf = tmp_path / "service_conf.yaml"
+    conf.write_text(SERVICE_CONF)
+    from_file = Settings.from_env({"REDIS_HOST": "valkey.internal"}, config_file=conf)
+    assert from_file.state == from_file.redis and from_file.state.host == "valkey.internal"
+
+
+STATE_URLS = [
+    ("redis://sidecar-state:6379/0", ("sidecar-state", 6379, 0, None, None, False)),
+    ("valkey://sidecar-state", ("sidecar-state", 6379, 1, None, None, False)),
+    ("rediss://user:p%40ss@state.example:6390/3", ("state.example", 6390, 3, "user", "p@ss", True)),
+    ("valkeys://:s3cret@state/0", ("state", 6379, 0, None, "s3cret", True)),
+]
+
+
+@pytest.mark.parametrize(("url", "expected"), STATE_URLS)
+def test_state_url_forms_are_redis_urls(url: str, expected: tuple[object, ...]) -> None:
+    """Parsed as REDIS_URL is: the same schemes, TLS, user, password and db (1 when absent)."""
+    settings = Settings.from_env(
+        {"REDIS_URL": "redis://:ragflow-pw@redis:6379/1", "SIDECAR_STATE_URL": url}
+    )
+    state = settings.state
+    password = state.password.reveal() if state.password else None
+    assert (state.host, state.port, state.db, state.username, password, state.tls) == expected
+    assert settings.redis.host == "redis"  # RAGFlow's Valkey is left as it was
+    assert settings.state != settings.redis
+
+
+def test_the_state_stores_password_never_shows() -> None:
+    settings = Settings.from_env(
+        {"SIDECAR_STATE_URL": "rediss://sidecar:state-pw-789@state.example:6390/0"}
+    )
+    text = f"{settings!r} {settings} {settings.state} {settings.state.display_url}"
+    assert "state-pw-789" not in text
+    assert settings.state.display_url == "rediss://sidecar:***@state.example:6390/0"
+    assert settings.state.client_kwargs()["password"] == "state-pw-789"
 
 
 def test_expansion_uses_default_when_unset_or_empty() -> None:

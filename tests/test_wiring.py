@@ -3,6 +3,8 @@ a start fails half-way (the supervisor then builds a new sidecar: nothing may st
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from sidecar.app.service import Sidecar
@@ -11,6 +13,7 @@ from sidecar.config import Settings
 from sidecar.errors import ServiceUnavailableError, SidecarError
 from sidecar.lifecycle import Lifecycle
 from sidecar.observer.observer import WorkerObserver
+from tests.conftest import free_port
 
 
 class Part(Lifecycle):
@@ -71,3 +74,50 @@ async def test_a_sidecar_that_fails_to_start_leaves_no_client_open(
         pool = client.client.connection_pool
         assert not any(c.is_connected for c in pool._available_connections)
         assert not pool._in_use_connections
+
+
+async def test_the_state_store_and_ragflows_valkey_each_get_their_users(
+    settings: Settings,
+) -> None:
+    """With SIDECAR_STATE_URL apart: the join, dedup and liveness keys go to the state store;
+    the cancel keys and the served share's evidence are read from RAGFlow's Valkey; and the
+    readiness probe asks both (a state store that does not answer makes /readyz say so)."""
+    nowhere = free_port()
+    apart = Settings.from_env(
+        {
+            "REDIS_URL": f"redis://127.0.0.1:{settings.redis.port}/1",
+            "SIDECAR_STATE_URL": f"redis://127.0.0.1:{nowhere}/0",
+            "KAFKA_BOOTSTRAP_SERVERS": ",".join(settings.kafka.bootstrap_servers),
+            "SIDECAR_METRICS_PORT": "0",
+        }
+    )
+    sidecar = Sidecar(apart)
+    state, ragflow = sidecar.state_client, sidecar.ragflow_client
+
+    def where(client: Any) -> tuple[int, int]:
+        kwargs = client.connection_pool.connection_kwargs
+        return int(kwargs["port"]), int(kwargs["db"])
+
+    assert where(state) == (nowhere, 0)
+    assert where(ragflow) == (settings.redis.port, 1)
+    assert sidecar.judge.join._client is state
+    assert sidecar.judge.where == f"redis://127.0.0.1:{nowhere}/0"
+    assert sidecar.shadow is not None
+    assert sidecar.shadow._client is state  # its cancel keys: test_state_store.py
+    assert sidecar._control._client is ragflow  # the redis run's cancel keys
+    assert sidecar.served._given_client is ragflow
+    assert sidecar.observer is not None and where(sidecar.observer.client) == where(ragflow)
+    valkeys = [part for part in sidecar._parts.parts if isinstance(part, ValkeyClient)]
+    assert len(valkeys) == 4  # the state store's, RAGFlow's, the mirror's, the observer's
+
+    try:
+        await sidecar._check_dependencies()
+        assert set(sidecar.health.unreachable) == {"state store"}
+        assert not sidecar.health.ready
+    finally:
+        await state.aclose()
+        await ragflow.aclose()
+
+    together = Sidecar(settings, mirror=False, observer=False)
+    assert together.state_client is together.ragflow_client  # one client, as before
+    assert sum(isinstance(part, ValkeyClient) for part in together._parts.parts) == 1

@@ -24,6 +24,7 @@ from collections.abc import Coroutine
 from dataclasses import asdict
 from typing import Any
 
+from valkey.asyncio import Valkey
 from valkey.exceptions import ValkeyError
 
 from sidecar.app.metrics_catalog import register_metrics
@@ -74,11 +75,14 @@ class Sidecar(Lifecycle):
         # One tracer provider for all parts, started first and stopped last.
         self.tracing = Tracing(settings.tracing, settings.shadow.instance)
         compared = CompareClients.build(settings)
-        self.join_client = compared.join.client  # also the readiness probe's
+        # The state store's (the join's) and RAGFlow's Valkey: one client when they are one.
+        self.state_client = compared.state.client
+        self.ragflow_client = compared.ragflow.client
+        self._separate_state = compared.separate  # the readiness probe asks both
         self.judge = compared.judge(settings, self.tracing)
         self.sweeper = Sweeper(self.judge, compared.progress)
         self._control = RedisRunRecorder(
-            self.judge, handler, settings.shadow.noise_runs, client=self.join_client
+            self.judge, handler, settings.shadow.noise_runs, client=self.ragflow_client
         )
         mirrored = MirrorClients.build(settings) if mirror else None
         self.mirror = (
@@ -92,7 +96,8 @@ class Sidecar(Lifecycle):
             ShadowConsumer(
                 settings,
                 self.judge,
-                client=self.join_client,
+                client=self.state_client,
+                ragflow_client=self.ragflow_client,
                 dlq=compared.publisher,
                 handler=handler,
                 on_processed=self._kafka_task_done,
@@ -113,7 +118,7 @@ class Sidecar(Lifecycle):
             else None
         )
         # Reads what RAGFlow's processes record about the served share, for /metrics only.
-        self.served = ServedEvidencePoller(settings, client=self.join_client)
+        self.served = ServedEvidencePoller(settings, client=self.ragflow_client)
         # The clients first, then the parts that use them: stopped in the reverse order.
         self._parts = Assembly(
             (
@@ -247,11 +252,9 @@ class Sidecar(Lifecycle):
                 await asyncio.wait_for(stop.wait(), timeout=min(1.0, wedged_s / 4))
 
     async def _check_dependencies(self) -> None:
-        try:
-            await asyncio.wait_for(self.join_client.ping(), DEPENDENCY_TIMEOUT_S)
-            self.health.set_reachable("valkey", None)
-        except (TimeoutError, OSError, ValkeyError) as exc:
-            self.health.set_reachable("valkey", type(exc).__name__)
+        await self._check_valkey("valkey", self.ragflow_client)
+        if self._separate_state:
+            await self._check_valkey("state store", self.state_client)
         problems = []
         for server in self.settings.kafka.bootstrap_servers:
             host, _, port = server.rpartition(":")
@@ -270,6 +273,13 @@ class Sidecar(Lifecycle):
             self.health.set_reachable("kafka", ", ".join(problems))
             return
         self.health.set_reachable("kafka", None)
+
+    async def _check_valkey(self, name: str, client: Valkey) -> None:
+        try:
+            await asyncio.wait_for(client.ping(), DEPENDENCY_TIMEOUT_S)
+            self.health.set_reachable(name, None)
+        except (TimeoutError, OSError, ValkeyError) as exc:
+            self.health.set_reachable(name, type(exc).__name__)
 
     async def _after_produce(self, mirrored: list[tuple[QueueMessage, OutgoingMessage]]) -> None:
         now_ms = time.time() * 1000

@@ -5,8 +5,11 @@ Every Valkey client and Kafka producer the parts use is built once by the compos
 mirror``) and handed to them; the root starts the clients before the parts and stops them
 after. Which are shared:
 
-- the join's Valkey client (:class:`CompareClients`): the judge, the sweeper, the shadow
-  consumer, the redis run, the served-share poller and the readiness probe;
+- the state store's Valkey client (:class:`CompareClients`, ``SIDECAR_STATE_URL``): the judge's
+  join, the sweeper, the shadow's dedup and liveness keys, and the readiness probe;
+- a client of RAGFlow's Valkey (``REDIS_URL``) for what RAGFlow's processes write: the cancel
+  keys (the shadow, the redis run) and the served share's evidence and cap (the poller); the
+  state store's client itself when ``SIDECAR_STATE_URL`` is unset (the same server and db);
 - one producer for what the sidecar publishes itself: verdicts and the shadow's dead letters;
 - the mirror's own Valkey client and producer (:class:`MirrorClients`): its XREADGROUP blocks a
   connection for up to ``MIRROR_BLOCK_MS``, and it restarts its producer when Kafka refuses the
@@ -75,31 +78,41 @@ def observer_client(settings: RedisSettings) -> ValkeyClient:
 
 @dataclass(frozen=True)
 class CompareClients:
-    """The join's Valkey client, the publisher of verdicts and dead letters, and the shadow
+    """The state store's Valkey client, RAGFlow's Valkey client (the same one when the state
+    store is RAGFlow's Valkey), the publisher of verdicts and dead letters, and the shadow
     group's progress (the sweeper's evidence)."""
 
-    join: ValkeyClient
+    state: ValkeyClient
+    ragflow: ValkeyClient
     publisher: KafkaProducer
     progress: ShadowProgress
 
     @classmethod
     def build(cls, settings: Settings) -> CompareClients:
+        state = ValkeyClient(settings.state, ping=True)
         return cls(
-            ValkeyClient(settings.redis, ping=True),
+            state,
+            state if settings.state == settings.redis else ValkeyClient(settings.redis, ping=True),
             KafkaProducer(settings.kafka, max_request_size=MAX_DLQ_BYTES),
             # The topics the shadow consumer reads (its commits are the evidence).
             ShadowProgress(settings.kafka, settings.shadow.group, TASK_TOPICS),
         )
 
     @property
+    def separate(self) -> bool:
+        """Whether the state store is a server (or db) of its own, apart from RAGFlow's."""
+        return self.ragflow is not self.state
+
+    @property
     def parts(self) -> tuple[Lifecycle, ...]:
-        return (self.join, self.publisher, self.progress)
+        valkeys = (self.state, self.ragflow) if self.separate else (self.state,)
+        return (*valkeys, self.publisher, self.progress)
 
     def judge(self, settings: Settings, tracing: Tracing) -> Judge:
         """A judge on these clients."""
         return Judge(
             settings,
-            join_client=self.join.client,
+            join_client=self.state.client,
             publisher=self.publisher,
             tracing=tracing,
             batch_limit=settings.shadow.join_batch,

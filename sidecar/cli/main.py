@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from sidecar import __version__
 from sidecar.app.service import Sidecar
+from sidecar.app.state_store import warn_if_evicting
 from sidecar.app.supervisor import run_until_signal
 from sidecar.app.wiring import StandaloneMirror
 from sidecar.cli.diffs import render_diffs
@@ -129,6 +130,9 @@ async def _sidecar(
     def build(http: HealthServer | None) -> Sidecar:
         return Sidecar(settings, mirror=mirror, shadow=shadow, observer=observer, http=http)
 
+    # Once per process, not per in-process restart: a state store that may evict our keys.
+    await warn_if_evicting(settings)
+
     async def supervise(http: HealthServer | None) -> int:
         return await run_until_signal(
             lambda: build(http),
@@ -211,6 +215,9 @@ async def _status(settings: Settings) -> int:
 async def _check(settings: Settings) -> int:
     version = await ping(settings.redis)
     print(f"valkey  {settings.redis.display_url}  version {version}")
+    if settings.state != settings.redis:
+        version = await ping(settings.state)
+        print(f"state   {settings.state.display_url}  version {version}")
     async with KafkaProducer(settings.kafka):
         print(f"kafka   {','.join(settings.kafka.bootstrap_servers)}  connected")
     return 0

@@ -1,5 +1,8 @@
 """``status``: where the mirror, RAGFlow's own consumers and the shadow stand, read-only.
 
+The verdict counts and the memory figures come from the state store (``SIDECAR_STATE_URL``),
+the streams from RAGFlow's Valkey (``REDIS_URL``); they are one server unless configured apart.
+
 Nothing here joins a consumer group or touches RAGFlow's: RAGFlow's group is only looked at
 with XINFO GROUPS (never XREADGROUP, XACK or XCLAIM), Kafka offsets are read with a consumer
 that has no group, and topic metadata is fetched for all topics at once, because a request
@@ -17,6 +20,7 @@ import valkey.asyncio as valkey
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
+from sidecar.app.state_store import eviction_warnings, shares_ragflows_valkey
 from sidecar.config import Settings
 from sidecar.observer.observer import RAGFLOW_GROUP
 from sidecar.text import as_text
@@ -25,6 +29,7 @@ from sidecar.transport.kafka import translate_kafka_errors
 from sidecar.transport.lag import stream_lag
 from sidecar.transport.topics import DLQ_TOPIC, TASK_TOPICS
 from sidecar.transport.valkey_client import create_client, translate_valkey_errors
+from sidecar.transport.valkey_memory import ValkeyMemory, human_bytes, read_memory
 from sidecar.verdicts.model import VERDICT_COUNTS_KEY, VERDICTS, canonical_verdict
 
 logger = logging.getLogger(__name__)
@@ -71,6 +76,10 @@ class StatusReport:
     dlq_topic: str = DLQ_TOPIC
     dlq_records: int | None = None  # None: the topic does not exist
     ragflow_group: str = RAGFLOW_GROUP
+    state: str = ""  # the state store's display URL
+    state_is_ragflows: bool = True  # the same Valkey server as REDIS_URL
+    state_memory: ValkeyMemory | None = None
+    state_warnings: list[str] = field(default_factory=list)
 
 
 async def collect_status(
@@ -80,7 +89,8 @@ async def collect_status(
     dlq_topic: str = DLQ_TOPIC,
 ) -> StatusReport:
     """Read the state of both sides; raises ``SidecarError`` subclasses on client failures."""
-    streams, counts = await _valkey_side(settings)
+    streams = await _streams(settings)
+    counts, memory = await _state_store(settings)
     topics, dlq_records = await _kafka_side(settings, task_topics, dlq_topic)
     return StatusReport(
         redis=settings.redis.display_url,
@@ -93,10 +103,14 @@ async def collect_status(
         verdict_counts=counts,
         dlq_topic=dlq_topic,
         dlq_records=dlq_records,
+        state=settings.state.display_url,
+        state_is_ragflows=shares_ragflows_valkey(settings),
+        state_memory=memory,
+        state_warnings=eviction_warnings(settings, memory),
     )
 
 
-async def _valkey_side(settings: Settings) -> tuple[list[StreamStatus], dict[str, int]]:
+async def _streams(settings: Settings) -> list[StreamStatus]:
     where = settings.redis.display_url
     client = create_client(settings.redis)
     try:
@@ -104,14 +118,25 @@ async def _valkey_side(settings: Settings) -> tuple[list[StreamStatus], dict[str
         for stream in settings.mirror.streams:
             with translate_valkey_errors(f"read stream {stream} and its groups", where):
                 streams.append(await _stream_status(client, stream, settings.mirror.group))
+    finally:
+        await client.aclose()
+    return streams
+
+
+async def _state_store(settings: Settings) -> tuple[dict[str, int], ValkeyMemory]:
+    """The verdict counts and the memory figures of the state store."""
+    where = settings.state.display_url
+    client = create_client(settings.state)
+    try:
         with translate_valkey_errors(f"HGETALL {VERDICT_COUNTS_KEY}", where):
             # valkey-py types hash commands as sync-or-async; on the asyncio client it awaits.
             raw: dict[Any, Any] = await cast(
                 Awaitable[dict[Any, Any]], client.hgetall(VERDICT_COUNTS_KEY)
             )
+        memory = await read_memory(client, where)
     finally:
         await client.aclose()
-    return streams, _counts(raw)
+    return _counts(raw), memory
 
 
 async def _stream_status(client: valkey.Valkey, stream: str, mirror_group: str) -> StreamStatus:
@@ -214,8 +239,10 @@ def _topic_status(
 def render_status(report: StatusReport) -> str:
     """A plain text report: a few settings, then aligned tables for streams and topics."""
     percent = f"{report.traffic_percent:g}%"
+    shared = "RAGFlow's Valkey" if report.state_is_ragflows else "a Valkey of its own"
     lines = [
         f"redis         {report.redis}",
+        f"state store   {report.state} ({shared})",
         f"kafka         {report.kafka}",
         f"traffic       {percent} of tasks mirrored to Kafka",
         f"groups        mirror {report.mirror_group}, RAGFlow {report.ragflow_group} "
@@ -262,7 +289,21 @@ def render_status(report: StatusReport) -> str:
     else:
         dlq = f"{report.dlq_records} record{'' if report.dlq_records == 1 else 's'}"
     lines.append(f"dead letters  {report.dlq_topic}: {dlq}")
+    if report.state_memory is not None:
+        lines.append(f"state memory  {_memory(report.state_memory)}")
+    lines += [f"WARNING: {warning}" for warning in report.state_warnings]
     return "\n".join(lines)
+
+
+def _memory(memory: ValkeyMemory) -> str:
+    limit = "no limit" if not memory.maxmemory else human_bytes(memory.maxmemory)
+    used = human_bytes(memory.used_memory)
+    if memory.maxmemory:
+        used += f" ({100 * memory.used_memory / memory.maxmemory:.0f}%)"
+    return (
+        f"used_memory {used}, maxmemory {limit}, maxmemory-policy {memory.policy}, "
+        f"evicted_keys {memory.evicted_keys}"
+    )
 
 
 def _committed(topic: TopicStatus) -> str:

@@ -58,6 +58,9 @@ class Settings:
 
     mq_backend: MQBackend = "redis"
     redis: RedisSettings = field(default_factory=RedisSettings)
+    # The sidecar's own keys (join, dedup, liveness, verdict counts): SIDECAR_STATE_URL, by
+    # default REDIS_URL's server and db. from_env fills it; RAGFlow's keys stay on ``redis``.
+    state: RedisSettings = field(default_factory=RedisSettings)
     kafka: KafkaSettings = field(default_factory=KafkaSettings)
     mirror: MirrorSettings = field(default_factory=MirrorSettings)
     shadow: ShadowSettings = field(default_factory=ShadowSettings)
@@ -321,7 +324,12 @@ def build_tracing(reader: Reader) -> TracingSettings:
 
 
 # Settings' own: the sections are built by their tables.
-CORE = Table(Settings, Var("REDIS_URL", "redis"), Var("MQ_BACKEND", "mq_backend"))
+CORE = Table(
+    Settings,
+    Var("REDIS_URL", "redis"),
+    Var("SIDECAR_STATE_URL", "state"),
+    Var("MQ_BACKEND", "mq_backend"),
+)
 
 KNOWN_VARIABLES: tuple[str, ...] = tuple(
     dict.fromkeys(
@@ -337,6 +345,13 @@ def build_settings(reader: Reader) -> Settings:
     env = CORE.reader(reader)
     redis_url = env.required_text("REDIS_URL", "redis://localhost:6379/1")
     redis = RedisSettings.from_url(redis_url, variable=env.origin("REDIS_URL"))
+    state_url = env.text("SIDECAR_STATE_URL", None)
+    # Unset: the sidecar's state stays where it always was, beside RAGFlow's queue.
+    state = (
+        redis
+        if state_url is None
+        else RedisSettings.from_url(state_url, variable=env.origin("SIDECAR_STATE_URL"))
+    )
     kafka = KAFKA.build(reader)
     backend = env.choice("MQ_BACKEND", MQ_BACKENDS, "redis", upper=False)
     mirror = MIRROR.build(reader)
@@ -345,6 +360,7 @@ def build_settings(reader: Reader) -> Settings:
         reader,
         mq_backend=backend,
         redis=redis,
+        state=state,
         kafka=kafka,
         mirror=mirror,
         shadow=shadow,

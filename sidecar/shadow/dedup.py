@@ -8,34 +8,60 @@ or a live instance processing it now (left to it), or a holder that died before 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import valkey.asyncio as valkey
 
+from sidecar.transport.valkey_client import translate_valkey_errors
 from sidecar.verdicts.join import ALIVE_PREFIX, SEEN_PREFIX, EntryRef
 
 Claim = Literal["process", "recorded", "skip"]
 
 
 async def claim_entries(
-    client: valkey.Valkey, entries: Sequence[tuple[EntryRef, str]], me: bytes, ttl_s: int
+    client: valkey.Valkey,
+    entries: Sequence[tuple[EntryRef, str]],
+    me: bytes,
+    ttl_s: int,
+    ragflow: tuple[valkey.Valkey, str] | None = None,
 ) -> list[tuple[Claim, bool]]:
     """For each ``(entry, cancel key)``: whether this delivery processes the entry
     (``process``), finds its kafka run already recorded (``recorded``), or leaves it to a live
     instance processing it now (``skip``); and whether RAGFlow cancelled the task. The usual
-    case (the key was free) takes one pipelined round trip for all of them."""
+    case (the key was free) takes one pipelined round trip for all of them.
+
+    ``client`` is the state store's. The cancel keys are RAGFlow's: on ``client`` too unless
+    ``ragflow`` (RAGFlow's Valkey and its display URL) is given, a state store of its own; both
+    servers are then asked at once, a round trip each."""
     pipe = client.pipeline(transaction=False)
     for ref, cancel_key in entries:
         pipe.set(_seen_key(ref), me, nx=True, ex=ttl_s)
-        pipe.exists(cancel_key)
-    replies = await pipe.execute()
+        if ragflow is None:
+            pipe.exists(cancel_key)
+    if ragflow is None:
+        replies = await pipe.execute()
+        taken, cancelled = replies[0::2], replies[1::2]
+    else:
+        taken, cancelled = await asyncio.gather(
+            pipe.execute(), _exist(ragflow, [key for _, key in entries])
+        )
     claims: list[tuple[Claim, bool]] = []
-    for n, (ref, _) in enumerate(entries):
-        taken, cancelled = replies[2 * n], bool(replies[2 * n + 1])
-        claim: Claim = "process" if taken else await _contended(client, ref, me, ttl_s)
-        claims.append((claim, cancelled))
+    for (ref, _), free, gone in zip(entries, taken, cancelled, strict=True):
+        claim: Claim = "process" if free else await _contended(client, ref, me, ttl_s)
+        claims.append((claim, bool(gone)))
     return claims
+
+
+async def _exist(ragflow: tuple[valkey.Valkey, str], keys: list[str]) -> list[Any]:
+    """EXISTS of each of ``keys`` in RAGFlow's Valkey, in one pipeline."""
+    client, where = ragflow
+    with translate_valkey_errors("look up the cancel keys", where):
+        pipe = client.pipeline(transaction=False)
+        for key in keys:
+            pipe.exists(key)
+        return list(await pipe.execute())
 
 
 def _seen_key(ref: EntryRef) -> str:

@@ -45,7 +45,8 @@ class RedisRunRecorder:
     def __init__(
         self, judge: Judge, handler: NamedHandler, noise_runs: int = 0, *, client: valkey.Valkey
     ) -> None:
-        """``client`` is the composition root's (the join's), for the cancel keys."""
+        """``client`` is the composition root's client of RAGFlow's Valkey, for the cancel keys
+        (the redis runs are recorded by ``judge``, in the state store)."""
         self._judge = judge
         self._handler = handler
         self._noise_runs = noise_runs

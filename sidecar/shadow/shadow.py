@@ -81,6 +81,7 @@ class ShadowConsumer(Lifecycle):
         judge: Judge,
         *,
         client: valkey.Valkey,
+        ragflow_client: valkey.Valkey | None = None,
         dlq: KafkaProducer,
         handler: NamedHandler | None = None,
         topics: tuple[str, ...] | None = None,
@@ -89,8 +90,9 @@ class ShadowConsumer(Lifecycle):
     ) -> None:
         """``on_processed(queue_wait_ms, processing_ms)`` is told of each task run (metrics);
         ``topics`` default to the mirror's route table: the shadow reads where it writes.
-        ``client`` (the join's) and ``dlq`` (a producer taking ``MAX_DLQ_BYTES`` records) are
-        the composition root's, started before the shadow and stopped after it."""
+        ``client`` (the state store's), ``ragflow_client`` (RAGFlow's Valkey, for the cancel
+        keys; default ``client``) and ``dlq`` (a producer taking ``MAX_DLQ_BYTES`` records)
+        are the composition root's, started before the shadow and stopped after it."""
         super().__init__()
         routes = RouteTable(settings.mirror.routes)
         if topics is None:
@@ -114,8 +116,10 @@ class ShadowConsumer(Lifecycle):
             **(consumer_overrides or {}),
         )
         self._dlq = dlq
-        self._client = client
-        self._where = settings.redis.display_url
+        self._client = client  # dedup and liveness keys: the state store's
+        self._where = settings.state.display_url
+        # RAGFlow's cancel keys are in RAGFlow's Valkey: asked beside the claims when apart.
+        ragflow = None if ragflow_client in (None, client) else ragflow_client
         # The dedup claims of the tasks that start together: one pipelined round trip.
         self._claims: Coalescer[tuple[EntryRef, str], tuple[Claim, bool]] = Coalescer(
             functools.partial(
@@ -123,6 +127,7 @@ class ShadowConsumer(Lifecycle):
                 client,
                 me=self._instance.encode(),
                 ttl_s=settings.shadow.dedup_ttl_s,
+                ragflow=None if ragflow is None else (ragflow, settings.redis.display_url),
             ),
             settings.shadow.join_batch,
         )

@@ -53,7 +53,8 @@ class Secret:
 
 @dataclass(frozen=True)
 class RedisSettings:
-    """Where RAGFlow's Valkey/Redis is, parsed from ``REDIS_URL``."""
+    """Where a Valkey/Redis is: RAGFlow's (``REDIS_URL``) or the sidecar's state store
+    (``SIDECAR_STATE_URL``), parsed from a URL."""
 
     host: str = "localhost"
     port: int = 6379

@@ -10,7 +10,12 @@ from typing import Any
 import valkey.asyncio as valkey
 from valkey import exceptions as valkey_errors
 
-from sidecar.errors import AuthenticationError, MessageQueueError, ServiceUnavailableError
+from sidecar.errors import (
+    AuthenticationError,
+    MessageQueueError,
+    ServerFullError,
+    ServiceUnavailableError,
+)
 from sidecar.transport.options import RedisSettings
 
 
@@ -31,6 +36,10 @@ def create_client(settings: RedisSettings, **overrides: Any) -> valkey.Valkey:
 _PIPELINE_ERROR = re.compile(
     r"^Command # \d+ \((?P<command>\S+).*?\) of pipeline caused error: (?P<error>.*)$", re.S
 )
+
+
+# Valkey's reply to a write at maxmemory; valkey-py strips the "OOM " code from its message.
+_OOM = "command not allowed when used memory > 'maxmemory'"
 
 
 def _reason(exc: valkey_errors.ValkeyError) -> str:
@@ -57,6 +66,11 @@ def translate_valkey_errors(action: str, where: str) -> Iterator[None]:
         if isinstance(exc, valkey_errors.NoPermissionError) or "ACL failure" in reason:
             raise AuthenticationError(
                 f"Valkey at {where}: the user may not {action} ({reason}); see docs/security.md"
+            ) from exc
+        if isinstance(exc, valkey_errors.OutOfMemoryError) or _OOM in reason:
+            # A write refused at maxmemory (noeviction), also from inside a Lua script.
+            raise ServerFullError(
+                f"Valkey at {where} is at its maxmemory and refused to {action}: {reason}"
             ) from exc
         if isinstance(exc, valkey_errors.ConnectionError | valkey_errors.TimeoutError):
             raise ServiceUnavailableError(

@@ -74,7 +74,7 @@ class Judge:
         self.tracing = tracing
         self.stats = JudgeStats()
         self.comparators = comparators or Comparators.from_settings(settings.shadow)
-        self.where = settings.redis.display_url
+        self.where = settings.state.display_url  # the join lives in the state store
         self.join = JoinStore(join_client, ttl_s=settings.shadow.join_ttl_s)
         self._producer = publisher
         self._batches: dict[Side, Coalescer[Arrival, RecordOutcome]] = {
