@@ -370,13 +370,13 @@ async def test_a_command_refused_inside_the_join_script_is_named_too(
     facts = json.dumps({"task_id": f"task-{unique}", "detail": "x" * 500}).encode()
     arrivals = [
         Arrival(EntryRef(f"te.{unique}.0", f"{n}-0"), facts, b"{}", origin=f"t:0:{n}")
-        for n in (1, 2)  # two: a pipeline, whose errors valkey-py prefixes with the command
+        for n in (1, 2)  # two: one script call for the batch, refused inside the script
     ]
     async with running_judge(config) as judge:
         with pytest.raises(AuthenticationError) as refused:
             await judge.record("kafka_run", arrivals)
     message = str(refused.value)
-    assert "the user may not record the kafka run (EVALSHA in a pipeline: " in message
+    assert "the user may not record the kafka run (ACL failure in script: " in message
     assert f"User {user} has no permissions to run the 'hincrby' command" in message
     assert message.endswith("; see docs/security.md") and len(message) < 400, message
     assert unique not in message.replace(user, "")  # no key, fact or value of the call

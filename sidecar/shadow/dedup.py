@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Literal
 
 import valkey.asyncio as valkey
 
@@ -18,6 +18,21 @@ from sidecar.transport.valkey_client import translate_valkey_errors
 from sidecar.verdicts.join import ALIVE_PREFIX, SEEN_PREFIX, EntryRef
 
 Claim = Literal["process", "recorded", "skip"]
+
+
+# KEYS: a dedup key per entry. ARGV: the holder (this instance), ttl_s. One reply per key:
+# 1 where this call took it (SET NX EX), 0 where someone holds it already.
+_CLAIM = """
+local replies = {}
+for i = 1, #KEYS do
+  if redis.call('SET', KEYS[i], ARGV[1], 'NX', 'EX', ARGV[2]) then
+    replies[i] = 1
+  else
+    replies[i] = 0
+  end
+end
+return replies
+"""
 
 
 async def claim_entries(
@@ -30,38 +45,37 @@ async def claim_entries(
     """For each ``(entry, cancel key)``: whether this delivery processes the entry
     (``process``), finds its kafka run already recorded (``recorded``), or leaves it to a live
     instance processing it now (``skip``); and whether RAGFlow cancelled the task. The usual
-    case (the key was free) takes one pipelined round trip for all of them.
+    case (every key free) is two commands for the whole batch, sent at once: one script for the
+    claims and one MGET of the cancel keys (RAGFlow reads them with GET).
 
     ``client`` is the state store's. The cancel keys are RAGFlow's: on ``client`` too unless
-    ``ragflow`` (RAGFlow's Valkey and its display URL) is given, a state store of its own; both
-    servers are then asked at once, a round trip each."""
-    pipe = client.pipeline(transaction=False)
-    for ref, cancel_key in entries:
-        pipe.set(_seen_key(ref), me, nx=True, ex=ttl_s)
-        if ragflow is None:
-            pipe.exists(cancel_key)
-    if ragflow is None:
-        replies = await pipe.execute()
-        taken, cancelled = replies[0::2], replies[1::2]
-    else:
-        taken, cancelled = await asyncio.gather(
-            pipe.execute(), _exist(ragflow, [key for _, key in entries])
-        )
+    ``ragflow`` (RAGFlow's Valkey and its display URL) is given, a state store of its own."""
+    if not entries:
+        return []
+    script = client.register_script(_CLAIM)
+    cancel_keys = [key for _, key in entries]
+    cancelled_in = (client, "") if ragflow is None else ragflow
+    taken, cancelled = await asyncio.gather(
+        script(keys=[_seen_key(ref) for ref, _ in entries], args=[me, ttl_s]),
+        cancel_keys_set(cancelled_in, cancel_keys),
+    )
     claims: list[tuple[Claim, bool]] = []
     for (ref, _), free, gone in zip(entries, taken, cancelled, strict=True):
         claim: Claim = "process" if free else await _contended(client, ref, me, ttl_s)
-        claims.append((claim, bool(gone)))
+        claims.append((claim, gone))
     return claims
 
 
-async def _exist(ragflow: tuple[valkey.Valkey, str], keys: list[str]) -> list[Any]:
-    """EXISTS of each of ``keys`` in RAGFlow's Valkey, in one pipeline."""
+async def cancel_keys_set(ragflow: tuple[valkey.Valkey, str], keys: Sequence[str]) -> list[bool]:
+    """Whether each of RAGFlow's cancel ``keys`` is set, in one MGET (``where`` names the
+    server in an error; empty: the caller translates errors itself)."""
     client, where = ragflow
+    if not keys:
+        return []
+    if not where:
+        return [value is not None for value in await client.mget(keys)]
     with translate_valkey_errors("look up the cancel keys", where):
-        pipe = client.pipeline(transaction=False)
-        for key in keys:
-            pipe.exists(key)
-        return list(await pipe.execute())
+        return [value is not None for value in await client.mget(keys)]
 
 
 def _seen_key(ref: EntryRef) -> str:

@@ -6,13 +6,17 @@ Apart from the consuming loop (``shadow.py``) so that each stays readable.
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from typing import Any
 
 from sidecar.errors import MessageDecodeError
-from sidecar.transport.dead_letter import NAME_LIMIT
-from sidecar.transport.message import QueueMessage, decode_task
+from sidecar.transport.base import OutgoingMessage
+from sidecar.transport.dead_letter import NAME_LIMIT, dead_letter
+from sidecar.transport.message import QueueMessage, decode_task, header_text
 from sidecar.verdicts.join import EntryRef
+
+logger = logging.getLogger(__name__)
 
 _ENTRY_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 
@@ -67,6 +71,48 @@ def raise_failures(done: set[asyncio.Task[None]]) -> None:
     first = next((failure for failure in failures if failure is not None), None)
     if first is not None:
         raise first
+
+
+def reap(tasks: set[asyncio.Task[None]]) -> None:
+    """Drop the finished ones from ``tasks``, raising the first failure among them."""
+    finished = {task for task in tasks if task.done()}
+    tasks -= finished
+    raise_failures(finished)
+
+
+def retrieve(done: set[asyncio.Task[None]]) -> None:
+    """Retrieve the failures of ``done`` without raising: after a loop failure the others in
+    hand usually fail of the same cause, and asyncio would report them as never retrieved."""
+    for task in done:
+        if not task.cancelled() and task.exception() is not None:
+            logger.debug("a task in hand failed too: %s", task.exception())
+
+
+def dead_letter_of(
+    message: QueueMessage, reason: str, detail: str, attempts: int, max_value_bytes: int
+) -> OutgoingMessage:
+    """The DLQ record of a task record the shadow gives up on, with its original bytes and
+    headers, the attempts made and where it was read."""
+    kept = tuple(
+        (name, value)
+        for name, value in message.headers
+        if name not in ("x-retry-count", "x-redis-stream", "x-redis-id")
+    )
+    return dead_letter(
+        reason=reason,
+        detail=detail,
+        value=message.value,
+        stream=header_text(message.headers, "x-redis-stream") or "",
+        entry_id=header_text(message.headers, "x-redis-id") or "",
+        stage="shadow",
+        max_value_bytes=max_value_bytes,
+        extra_headers=(
+            *kept,
+            ("x-retry-count", str(attempts).encode()),
+            ("x-source-topic", message.topic.encode()),
+            ("x-source-offset", f"{message.partition}:{message.offset}".encode()),
+        ),
+    )
 
 
 def order_key(message: QueueMessage, stream: str) -> str:

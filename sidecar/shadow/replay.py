@@ -17,22 +17,12 @@ from typing import Any
 import valkey.asyncio as valkey
 
 from comparators import NoiseBaseline
+from sidecar.shadow.dedup import cancel_keys_set
 from sidecar.shadow.handlers import HandlerResult, NamedHandler, TaskMeta, run_handler
 from sidecar.transport.base import OutgoingMessage
 from sidecar.transport.message import QueueMessage, decode_task, header_text
-from sidecar.transport.valkey_client import translate_valkey_errors
 from sidecar.verdicts.join import Arrival, EntryRef
 from sidecar.verdicts.judge import Judge, digest_or_none
-
-
-async def cancelled_tasks(client: valkey.Valkey, task_ids: Sequence[str]) -> list[bool]:
-    """Whether RAGFlow's ``{task_id}-cancel`` key exists for each task (one round trip)."""
-    if not task_ids:
-        return []
-    pipe = client.pipeline(transaction=False)
-    for task_id in task_ids:
-        pipe.exists(f"{task_id}-cancel")
-    return [bool(n) for n in await pipe.execute()]
 
 
 def value_sha(value: bytes) -> str:
@@ -58,8 +48,9 @@ class RedisRunRecorder:
             return
         acked_ms = int(time.time() * 1000)
         tasks = [decode_task(message.value) for message, _ in mirrored]
-        with translate_valkey_errors("look up cancel keys", self._where):
-            cancelled = await cancelled_tasks(self._client, [str(t.get("id")) for t in tasks])
+        cancelled = await cancel_keys_set(
+            (self._client, self._where), [f"{t.get('id')}-cancel" for t in tasks]
+        )
         arrivals = []
         traced = self._judge.tracing.enabled
         for (message, record), task, is_cancelled in zip(mirrored, tasks, cancelled, strict=True):

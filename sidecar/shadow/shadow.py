@@ -1,13 +1,13 @@
 """The shadow consumer: processes the Kafka copy of each task beside RAGFlow's Redis worker.
 
-It reads every task topic in ``SHADOW_GROUP``; while the priority topic has records the other
-topics are paused. At most ``MAX_CONCURRENT_TASKS`` run at once, and a partition's offset is
-committed only up to its lowest unfinished record. A record is processed once per stream entry
-(``x-redis-stream`` + ``x-redis-id``), however often the mirror replayed it: the first delivery
-takes a Valkey key with NX and a TTL; a later one is recorded as a duplicate. A handler failure
-is retried with backoff up to ``SHADOW_MAX_ATTEMPTS``, then the record goes to the DLQ with its
-original bytes and headers. Either way the outcome is the kafka run of the comparison.
-Served records (``x-served``, RAGFlow's own tasks on Kafka) are acked and counted, never run."""
+It reads every task topic in ``SHADOW_GROUP``, the priority topic first. At most
+``MAX_CONCURRENT_TASKS`` handlers run at once; a task whose handler is done waits for the join
+outside those slots (``SHADOW_JOIN_BATCH`` at most), and a partition's offset is committed only
+up to its lowest unfinished record. A record is processed once per stream entry, however often
+the mirror replayed it: the first delivery takes a Valkey key with NX and a TTL; a later one is
+recorded as a duplicate. A failed handler is retried with backoff up to ``SHADOW_MAX_ATTEMPTS``,
+then the record goes to the DLQ with its original bytes and headers; either way the outcome is
+the kafka run. Served records (``x-served``, RAGFlow's own tasks on Kafka) are acked, never run."""
 
 from __future__ import annotations
 
@@ -32,16 +32,17 @@ from sidecar.lifecycle import Lifecycle
 from sidecar.shadow.dedup import Claim, claim_entries
 from sidecar.shadow.handlers import HandlerResult, NamedHandler, TaskMeta, load_handler, run_handler
 from sidecar.shadow.records import (
+    dead_letter_of,
     decode_record,
     int_or_none,
     mirror_ref,
     order_key,
-    raise_failures,
+    reap,
+    retrieve,
 )
 from sidecar.shadow.replay import value_sha
 from sidecar.shadow.trace import kafka_run_facts, traced
 from sidecar.transport.coalesce import Coalescer
-from sidecar.transport.dead_letter import dead_letter
 from sidecar.transport.kafka import KafkaConsumer, KafkaProducer
 from sidecar.transport.message import QueueMessage, header_text
 from sidecar.transport.served import is_served
@@ -132,6 +133,7 @@ class ShadowConsumer(Lifecycle):
             settings.shadow.join_batch,
         )
         self._order = OrderTracker()
+        self._recording: set[asyncio.Task[None]] = set()  # kafka runs on their way to the join
         self._priority_topics = [t for t in topics if t == routes.priority_parse_topic]
         self._pinned = False  # SHADOW_START=latest positions committed once per start
 
@@ -165,15 +167,24 @@ class ShadowConsumer(Lifecycle):
         loop with that error; its record stays uncommitted and is delivered again on restart.
         """
         limit = self.settings.shadow.max_concurrent_tasks
+        # Tasks whose handler is done wait for the join outside the handler's slots: the slots
+        # are the executor's (RAGFlow's MAX_CONCURRENT_TASKS), the join is the sidecar's own
+        # bookkeeping, and batching it needs many arrivals at once.
+        recording_limit = max(self.settings.shadow.join_batch, limit)
         await self.pin_start()
         running: set[asyncio.Task[None]] = set()
+        recording = self._recording
         heartbeat = asyncio.create_task(self._heartbeat(stop), name="shadow-heartbeat")
         try:
             while not stop.is_set() and not heartbeat.done():
                 self.stats.turns += 1
-                if len(running) >= limit:
-                    done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-                    raise_failures(done)
+                reap(recording)
+                full = running if len(running) >= limit else None
+                if len(recording) >= recording_limit:
+                    full = recording
+                if full is not None:
+                    await asyncio.wait(full, return_when=asyncio.FIRST_COMPLETED)
+                    reap(full)
                     continue
                 await self._consumer.commit_due()
                 batch = await self._consumer.poll_batch(limit - len(running), POLL_TIMEOUT_MS)
@@ -195,22 +206,19 @@ class ShadowConsumer(Lifecycle):
                     if self._tracing.enabled:
                         work = traced(self._tracing, message, self.settings.shadow.group, work)
                     running.add(asyncio.create_task(work))
-                self.stats.in_flight = len(running)
-                finished = {task for task in running if task.done()}
-                running -= finished
-                raise_failures(finished)
+                reap(running)
+                self.stats.in_flight = len(running) + len(recording)
             if heartbeat.done():
                 heartbeat.result()
         finally:
-            # Stop taking work; what is in hand finishes (the caller bounds the wait).
-            if running:
-                done, _ = await asyncio.wait(running)
-                self.stats.in_flight = 0
-                for task in done:
-                    # Retrieved so that none is reported as "never retrieved": after a loop
-                    # failure the others in hand usually fail of the same cause.
-                    if not task.cancelled() and task.exception() is not None:
-                        logger.debug("a task in hand failed too: %s", task.exception())
+            # Stop taking work; what is in hand finishes (the caller bounds the wait), the
+            # handlers first, since each hands its task to the join when it is done.
+            for in_hand in (running, recording):
+                if in_hand:
+                    done, _ = await asyncio.wait(in_hand)
+                    in_hand.difference_update(done)
+                    retrieve(done)
+            self.stats.in_flight = 0
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
@@ -254,7 +262,7 @@ class ShadowConsumer(Lifecycle):
             await self._dead_letter(message, exc.reason, exc.detail, attempts=0)
             facts = self._facts(message, None, started_ms, ref)
             facts["decode_error"] = exc.reason
-            await self._submit(message, ref, facts)
+            self._record_later(message, ref, facts)
             return
         with translate_valkey_errors("take the dedup key", self._where):
             [(claim, cancelled)] = await self._claims.submit([(ref, f"{task.get('id')}-cancel")])
@@ -263,7 +271,7 @@ class ShadowConsumer(Lifecycle):
             await message.ack()
             return
         if claim == "recorded":
-            await self._submit(message, ref, self._facts(message, task, started_ms, ref))
+            self._record_later(message, ref, self._facts(message, task, started_ms, ref))
             return
         result, attempts = await self._run_with_retries(message, task, ref, cancelled, stop)
         facts = self._facts(message, task, started_ms, ref)
@@ -278,10 +286,15 @@ class ShadowConsumer(Lifecycle):
             facts["order_violation"] = {"after": out_of_order_after}
         if not result.ok:
             await self._dead_letter(message, "handler_failed", result.error or "", attempts)
-        await self._submit(message, ref, facts)
+        self._record_later(message, ref, facts)
         self.stats.processed[message.topic] += 1
         if self._on_processed is not None:
             self._on_processed(facts.get("queue_wait_ms"), result.elapsed_ms)
+
+    def _record_later(self, message: QueueMessage, ref: EntryRef, facts: dict[str, Any]) -> None:
+        """Free the handler's slot: the kafka run is recorded by a task of its own, which
+        :meth:`run` bounds, reaps and waits for (in the context of the task's span)."""
+        self._recording.add(asyncio.create_task(self._submit(message, ref, facts)))
 
     async def _submit(self, message: QueueMessage, ref: EntryRef, facts: dict[str, Any]) -> None:
         """Hand the kafka run to the judge, then let the record's offset be committed.
@@ -342,26 +355,7 @@ class ShadowConsumer(Lifecycle):
     async def _dead_letter(
         self, message: QueueMessage, reason: str, detail: str, attempts: int
     ) -> None:
-        kept = tuple(
-            (name, value)
-            for name, value in message.headers
-            if name not in ("x-retry-count", "x-redis-stream", "x-redis-id")
-        )
-        record = dead_letter(
-            reason=reason,
-            detail=detail,
-            value=message.value,
-            stream=header_text(message.headers, "x-redis-stream") or "",
-            entry_id=header_text(message.headers, "x-redis-id") or "",
-            stage="shadow",
-            max_value_bytes=MAX_DLQ_BYTES,
-            extra_headers=(
-                *kept,
-                ("x-retry-count", str(attempts).encode()),
-                ("x-source-topic", message.topic.encode()),
-                ("x-source-offset", f"{message.partition}:{message.offset}".encode()),
-            ),
-        )
+        record = dead_letter_of(message, reason, detail, attempts, MAX_DLQ_BYTES)
         await self._dlq.send(
             record.destination, record.value, key=record.key, headers=record.headers
         )

@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 import valkey.asyncio as valkey
-from valkey.commands.core import AsyncScript
-from valkey.exceptions import NoScriptError
 
 from sidecar.verdicts.model import VERDICT_COUNTS_KEY
 
@@ -35,70 +33,94 @@ RecordOutcome = Literal[
     "decide", "recorded", "exists", "redelivery", "duplicate", "duplicate_again"
 ]
 
-# KEYS: hash, open zset. ARGV: side, facts, value, now_ms, ttl_s, member, claim token, origin.
-# The origin (topic:partition:offset of a kafka run) tells a redelivery of the same Kafka record
-# (a shadow restart before its commit) from a second copy of the entry (a mirror replay).
+# One call per batch: KEYS open zset, then a hash per arrival. ARGV side, now_ms, ttl_s, claim
+# token, then per arrival its facts, value, member and origin. The origin (topic:partition:offset
+# of a kafka run) tells a redelivery of the same Kafka record (a shadow restart before its
+# commit) from a second copy of the entry (a mirror replay). One reply per arrival: its outcome,
+# or for ``decide`` the whole hash (HGETALL's pairs), which saves the judge a load.
 _RECORD = """
-local side = ARGV[1]
-local existed = redis.call('EXISTS', KEYS[1])
-if redis.call('HEXISTS', KEYS[1], side) == 1 then
-  if ARGV[8] ~= '' and redis.call('HGET', KEYS[1], side .. '_origin') == ARGV[8] then
-    return 'redelivery'
-  end
-  if side == 'kafka_run' then
-    redis.call('HINCRBY', KEYS[1], 'kafka_deliveries', 1)
-    if redis.call('HSETNX', KEYS[1], 'dup_state', ARGV[7]) == 1 then
-      return 'duplicate'
+local side, now_ms, ttl, token = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local replies = {}
+for i = 2, #KEYS do
+  local key = KEYS[i]
+  local at = 4 + (i - 2) * 4
+  local facts, value, member, origin = ARGV[at + 1], ARGV[at + 2], ARGV[at + 3], ARGV[at + 4]
+  local outcome = nil
+  local existed = redis.call('EXISTS', key)
+  if redis.call('HEXISTS', key, side) == 1 then
+    if origin ~= '' and redis.call('HGET', key, side .. '_origin') == origin then
+      outcome = 'redelivery'
+    elseif side == 'kafka_run' then
+      redis.call('HINCRBY', key, 'kafka_deliveries', 1)
+      if redis.call('HSETNX', key, 'dup_state', token) == 1 then
+        outcome = 'duplicate'
+      else
+        outcome = 'duplicate_again'
+      end
+    else
+      outcome = 'exists'
     end
-    return 'duplicate_again'
   end
-  return 'exists'
-end
-redis.call('HSET', KEYS[1], side, ARGV[2])
-if ARGV[8] ~= '' then
-  redis.call('HSET', KEYS[1], side .. '_origin', ARGV[8])
-end
-if ARGV[3] ~= '' then
-  redis.call('HSET', KEYS[1], side .. '_value', ARGV[3])
-end
-if side == 'kafka_run' then
-  redis.call('HINCRBY', KEYS[1], 'kafka_deliveries', 1)
-end
-if side ~= 'worker' and redis.call('HSETNX', KEYS[1], 'created_ms', ARGV[4]) == 1 then
-  redis.call('ZADD', KEYS[2], ARGV[4], ARGV[6])
-end
-if redis.call('HEXISTS', KEYS[1], 'state') == 0 then
-  if side == 'worker' and existed == 0 then
-    -- RAGFlow's delivery of a task the mirror never carries (outside the traffic share).
-    redis.call('EXPIRE', KEYS[1], 3600)
-  else
-    redis.call('EXPIRE', KEYS[1], ARGV[5])
+  if not outcome then
+    redis.call('HSET', key, side, facts)
+    if origin ~= '' then
+      redis.call('HSET', key, side .. '_origin', origin)
+    end
+    if value ~= '' then
+      redis.call('HSET', key, side .. '_value', value)
+    end
+    if side == 'kafka_run' then
+      redis.call('HINCRBY', key, 'kafka_deliveries', 1)
+    end
+    if side ~= 'worker' and redis.call('HSETNX', key, 'created_ms', now_ms) == 1 then
+      redis.call('ZADD', KEYS[1], now_ms, member)
+    end
+    if redis.call('HEXISTS', key, 'state') == 0 then
+      if side == 'worker' and existed == 0 then
+        -- RAGFlow's delivery of a task the mirror never carries (outside the traffic share).
+        redis.call('EXPIRE', key, 3600)
+      else
+        redis.call('EXPIRE', key, ttl)
+      end
+    end
+    outcome = 'recorded'
+    if side ~= 'worker'
+       and redis.call('HEXISTS', key, 'redis_run') == 1
+       and redis.call('HEXISTS', key, 'kafka_run') == 1
+       and redis.call('HSETNX', key, 'state', token) == 1 then
+      outcome = redis.call('HGETALL', key)
+    end
   end
+  replies[i - 1] = outcome
 end
-if side ~= 'worker'
-   and redis.call('HEXISTS', KEYS[1], 'redis_run') == 1
-   and redis.call('HEXISTS', KEYS[1], 'kafka_run') == 1
-   and redis.call('HSETNX', KEYS[1], 'state', ARGV[7]) == 1 then
-  return 'decide'
-end
-return 'recorded'
+return replies
 """
 
-# KEYS: hash, open zset, counts. ARGV: token, member, verdict, kind (final|duplicate), ttl_s.
+# One call per batch: KEYS open zset, verdict counts, then a hash per item. ARGV done_ttl_s,
+# then per item its claim token, member, verdict and kind (final|duplicate). One reply per
+# item: 1, or 0 where the claim was taken over meanwhile.
 _FINISH = """
-local field = 'state'
-if ARGV[4] == 'duplicate' then field = 'dup_state' end
-if redis.call('HGET', KEYS[1], field) ~= ARGV[1] then
-  return 0
+local replies = {}
+for i = 3, #KEYS do
+  local key = KEYS[i]
+  local at = 1 + (i - 3) * 4
+  local token, member, verdict, kind = ARGV[at + 1], ARGV[at + 2], ARGV[at + 3], ARGV[at + 4]
+  local field = 'state'
+  if kind == 'duplicate' then field = 'dup_state' end
+  if redis.call('HGET', key, field) ~= token then
+    replies[i - 2] = 0
+  else
+    redis.call('HSET', key, field, 'done')
+    if kind == 'final' then
+      redis.call('ZREM', KEYS[1], member)
+      redis.call('HDEL', key, 'redis_run_value', 'kafka_run_value')
+      redis.call('EXPIRE', key, ARGV[1])
+    end
+    redis.call('HINCRBY', KEYS[2], verdict, 1)
+    replies[i - 2] = 1
+  end
 end
-redis.call('HSET', KEYS[1], field, 'done')
-if ARGV[4] == 'final' then
-  redis.call('ZREM', KEYS[2], ARGV[2])
-  redis.call('HDEL', KEYS[1], 'redis_run_value', 'kafka_run_value')
-  redis.call('EXPIRE', KEYS[1], ARGV[5])
-end
-redis.call('HINCRBY', KEYS[3], ARGV[3], 1)
-return 1
+return replies
 """
 
 # KEYS: hash, open zset. ARGV: member, token, now_ms, stale_claim_ms.
@@ -173,25 +195,20 @@ class JoinStore:
 
     async def record(
         self, side: Side, arrivals: Sequence[Arrival], token: str, now_ms: int
-    ) -> list[RecordOutcome]:
-        """Store one side for each entry; one outcome per arrival, in order."""
-        calls = [
-            (
-                [arrival.ref.key, OPEN_KEY],
-                [
-                    side,
-                    arrival.facts,
-                    arrival.value,
-                    now_ms,
-                    self._ttl_s,
-                    arrival.ref.member,
-                    token,
-                    arrival.origin,
-                ],
-            )
-            for arrival in arrivals
+    ) -> list[tuple[RecordOutcome, dict[str, bytes]]]:
+        """Store one side for each entry, in one call; per arrival, in order, its outcome and,
+        for ``decide``, every field of the completed hash (else an empty dict)."""
+        if not arrivals:
+            return []
+        args: list[Any] = [side, now_ms, self._ttl_s, token]
+        for arrival in arrivals:
+            args += [arrival.facts, arrival.value, arrival.ref.member, arrival.origin]
+        keys = [OPEN_KEY, *(arrival.ref.key for arrival in arrivals)]
+        replies = await self._record(keys=keys, args=args)
+        return [
+            ("decide", _fields(reply)) if isinstance(reply, list) else (_text(reply), {})
+            for reply in replies
         ]
-        return [_text(reply) for reply in await self._run(self._record, calls)]
 
     async def load(self, refs: Sequence[EntryRef]) -> list[dict[str, bytes]]:
         """Every field of each entry's hash (empty when it expired)."""
@@ -202,58 +219,18 @@ class JoinStore:
         return [{_text(k): v for k, v in reply.items()} for reply in replies]
 
     async def finish(self, finished: Sequence[tuple[EntryRef, str, str, str]]) -> list[bool]:
-        """Mark verdicts published: ``(ref, token, verdict, final|duplicate)`` each.
+        """Mark verdicts published, in one call: ``(ref, token, verdict, final|duplicate)`` each.
 
         False for an entry whose claim was taken over meanwhile (its verdict went out twice;
         readers drop the second by ``verdict_id``).
         """
-        calls = [
-            (
-                [ref.key, OPEN_KEY, VERDICT_COUNTS_KEY],
-                [token, ref.member, verdict, kind, self._done_ttl_s],
-            )
-            for ref, token, verdict, kind in finished
-        ]
-        return [bool(reply) for reply in await self._run(self._finish, calls)]
-
-    async def _run(
-        self, script: AsyncScript, calls: Sequence[tuple[list[Any], list[Any]]]
-    ) -> list[Any]:
-        """Run ``script`` once per ``(keys, args)`` in one round trip; the replies in order.
-
-        EVALSHA straight away, in a pipeline when there are several: valkey-py's own pipelined
-        scripts ask SCRIPT EXISTS before every execute, a second round trip per batch. The
-        script is loaded only when the server answers NOSCRIPT (after a restart or a flush),
-        and then just the calls it refused run again: a refused call did not run at all.
-        """
-        if not calls:
+        if not finished:
             return []
-        if len(calls) == 1:
-            keys, args = calls[0]
-            return [await script(keys=keys, args=args)]
-        replies = await self._evalsha_all(script, calls)
-        refused = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
-        if refused:
-            await self._client.script_load(script.script)
-            again = await self._evalsha_all(script, [calls[i] for i in refused])
-            for i, reply in zip(refused, again, strict=True):
-                replies[i] = reply
-        for number, reply in enumerate(replies, 1):
-            if isinstance(reply, Exception):
-                # Worded as valkey-py words a pipeline's error, which the error translation
-                # knows how to shorten (it names the command, never the arguments).
-                raise type(reply)(
-                    f"Command # {number} (EVALSHA {script.sha}) of pipeline caused error: {reply}"
-                ) from reply
-        return replies
-
-    async def _evalsha_all(
-        self, script: AsyncScript, calls: Sequence[tuple[list[Any], list[Any]]]
-    ) -> list[Any]:
-        pipe = self._client.pipeline(transaction=False)
-        for keys, args in calls:
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
-        return list(await pipe.execute(raise_on_error=False))
+        args: list[Any] = [self._done_ttl_s]
+        for ref, token, verdict, kind in finished:
+            args += [token, ref.member, verdict, kind]
+        keys = [OPEN_KEY, VERDICT_COUNTS_KEY, *(ref.key for ref, _, _, _ in finished)]
+        return [bool(reply) for reply in await self._finish(keys=keys, args=args)]
 
     async def claim_expired(
         self, older_than_ms: int, token: str, now_ms: int, stale_claim_ms: int, limit: int
@@ -276,6 +253,11 @@ class JoinStore:
             if won:
                 claimed.append((ref, won if won > 1 else None))
         return claimed
+
+
+def _fields(pairs: list[Any]) -> dict[str, bytes]:
+    """HGETALL's flat reply from inside a script, as valkey-py's ``hgetall`` gives it."""
+    return {_text(pairs[i]): pairs[i + 1] for i in range(0, len(pairs), 2)}
 
 
 def _text(value: Any) -> Any:

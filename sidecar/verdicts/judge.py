@@ -89,8 +89,8 @@ class Judge:
     async def record(self, side: Side, arrivals: Sequence[Arrival]) -> list[RecordOutcome]:
         """Store one side of each entry; decide and publish the entries this completed.
 
-        Concurrent calls for a side share one batch (:class:`Coalescer`): one pipelined
-        record, one load, one Kafka send and one finish for all of them.
+        Concurrent calls for a side share one batch (:class:`Coalescer`): one record call
+        (which returns the hashes it completed), one Kafka send and one finish for all of them.
         """
         return await self._batches[side].submit(arrivals)
 
@@ -98,17 +98,26 @@ class Judge:
         now_ms = int(time.time() * 1000)
         token = self.token(now_ms)
         with translate_valkey_errors(f"record the {side.replace('_', ' ')}", self.where):
-            outcomes = await self.join.record(side, arrivals, token, now_ms)
-        ready = [a.ref for a, o in zip(arrivals, outcomes, strict=True) if o == "decide"]
-        duplicates = [a for a, o in zip(arrivals, outcomes, strict=True) if o == "duplicate"]
+            recorded = await self.join.record(side, arrivals, token, now_ms)
+        ready = [
+            (a.ref, fields)
+            for a, (outcome, fields) in zip(arrivals, recorded, strict=True)
+            if outcome == "decide"
+        ]
+        duplicates = [
+            a for a, (outcome, _) in zip(arrivals, recorded, strict=True) if outcome == "duplicate"
+        ]
         if ready:
-            await self.decide(ready, token, timed_out=False)
+            await self._publish(
+                [(ref, self.verdict_for(ref, f), "final") for ref, f in ready], token
+            )
         if duplicates:
             await self._publish_duplicates(duplicates, token)
-        return outcomes
+        return [outcome for outcome, _ in recorded]
 
     async def decide(self, refs: list[EntryRef], token: str, *, timed_out: bool) -> None:
-        """Publish the verdicts of ``refs``; ``timed_out`` ones only while ``token`` holds them."""
+        """Publish the verdicts of ``refs`` as their hashes hold them now; ``timed_out`` ones
+        only while ``token`` holds them (the sweeper's)."""
         with translate_valkey_errors("load joined records", self.where):
             loaded = await self.join.load(refs)
         decided: list[tuple[EntryRef, VerdictRecord]] = []
