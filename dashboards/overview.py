@@ -1,5 +1,5 @@
 """The shadow migration overview: share of traffic on Kafka, verdicts, latency of both paths,
-lag, dead letters, component health and the share RAGFlow executes from Kafka."""
+lag, dead letters, component health, the state store and the share RAGFlow executes from Kafka."""
 
 from __future__ import annotations
 
@@ -282,6 +282,35 @@ LAG_AND_THROUGHPUT = Row(
     ],
 )
 
+# The state store's figures are its server's, the same from every sidecar instance: ``max``.
+_STATE = "ragflow_sidecar_state_store_"
+
+STATE_STORE = Row(
+    "State store",
+    [
+        Graph(
+            "State store memory",
+            "The state store's used_memory beside its maxmemory (no line: no limit). At the "
+            "limit a noeviction store refuses the sidecar's writes (verdicts wait), an "
+            "evicting one drops keys (SidecarStateStoreNearlyFull fires from 80 %).",
+            (
+                Query(f"max({_STATE}used_memory_bytes)", "used"),
+                Query(f"max({_STATE}maxmemory_bytes > 0)", "maxmemory"),
+            ),
+            "bytes",
+            min=0,
+        ),
+        Graph(
+            "State store evictions",
+            "Keys the state store evicted per second: flat zero, or evicted join and dedup "
+            "keys turn into false missing_* verdicts (SidecarStateStoreEvicting).",
+            (Query(f"max({rate(_STATE + 'evicted_keys_total')})", "evicted"),),
+            "ops",
+            min=0,
+        ),
+    ],
+)
+
 # What RAGFlow itself executes from Kafka (MQ_BACKEND=split), beside Redis. The values are the
 # whole deployment's, read from Valkey by every sidecar instance alike: ``max``, not sum.
 _SERVED_TASKS = "ragflow_sidecar_served_tasks_total" + '{event=~"started|finished|failed"}'
@@ -330,7 +359,7 @@ SERVED_SHARE = Row(
     ],
 )
 
-ROWS = (MIGRATION_STATE, VERDICT_ROW, LATENCY, LAG_AND_THROUGHPUT, SERVED_SHARE)
+ROWS = (MIGRATION_STATE, VERDICT_ROW, LATENCY, LAG_AND_THROUGHPUT, STATE_STORE, SERVED_SHARE)
 
 
 def overview() -> builders.Dashboard:

@@ -441,6 +441,8 @@ def test_alerts_cover_the_agreed_conditions() -> None:
         "SidecarMirrorLagGrowing": "ragflow_sidecar_redis_lag",
         "SidecarComponentDown": "ragflow_sidecar_up",
         "SidecarDown": 'up{job="ragflow-sidecar"}',
+        "SidecarStateStoreNearlyFull": "(ragflow_sidecar_state_store_maxmemory_bytes > 0)",
+        "SidecarStateStoreEvicting": "increase(ragflow_sidecar_state_store_evicted_keys_total",
     }
     for alert, fragment in expected.items():
         assert fragment in alerts[alert], alert

@@ -45,6 +45,8 @@ REQUIRED_PANELS = {
         "Shadow throughput per topic",
         "Carried over Kafka vs configured",
         "Retries and duplicates",
+        "State store memory",
+        "State store evictions",
         "Served vs judged share",
         "Failure rate per path",
         "Processing p99 per path",

@@ -1,5 +1,6 @@
 """Every Prometheus query of both dashboards, run against a real Prometheus scraping a real
-sidecar whose workload makes every verdict kind, dead letters and skipped tasks.
+sidecar whose workload makes every verdict kind, dead letters and skipped tasks, with a state
+store of its own that has a maxmemory (as RAGFlow's Valkey and compose's sidecar-state do).
 
 Prometheus is Debian's ``prometheus`` binary (``make system-deps`` installs it); without it this
 test fails rather than skips, so CI cannot pass by not running it.
@@ -29,6 +30,7 @@ from sidecar.config import Settings
 from sidecar.config.routing import RouteTable
 from sidecar.config.traffic import in_traffic_share
 from sidecar.dev.faults import Fault, FaultInjector
+from sidecar.dev.local_stack import LocalValkey
 from sidecar.transport import KafkaProducer
 from sidecar.transport.message import QueueMessage, encode_task
 from sidecar.transport.topics import PARSE_TOPIC, init_topics
@@ -249,10 +251,19 @@ async def one_round(
 
 
 async def test_every_dashboard_query_returns_data(
-    settings: Settings, valkey_client: avalkey.Valkey, unique: str, tmp_path: Path
+    settings: Settings,
+    valkey_client: avalkey.Valkey,
+    unique: str,
+    tmp_path: Path,
+    state_valkey: LocalValkey,
 ) -> None:
     targets = prometheus_targets()
     assert targets
+    state = avalkey.Valkey(host="127.0.0.1", port=state_valkey.port)
+    try:
+        await state.config_set("maxmemory", 256 * 1024 * 1024)  # the state store panel's limit
+    finally:
+        await state.aclose()
     await init_topics(settings.kafka)
     streams = high, low = f"{unique}.1", f"{unique}.0"
     for stream in streams:
@@ -271,6 +282,7 @@ async def test_every_dashboard_query_returns_data(
         KAFKA_TRAFFIC_PERCENT=str(PERCENT),
         SIDECAR_METRICS_PORT=str(metrics_port),
         SIDECAR_METRICS_HOST="127.0.0.1",
+        SIDECAR_STATE_URL=f"redis://127.0.0.1:{state_valkey.port}/0",
     )
     rows: list[tuple[Target, int, int, float]] = []
     with running_prometheus(tmp_path, metrics_port) as (base, log_path):

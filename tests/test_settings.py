@@ -89,6 +89,8 @@ def test_redis_url_forms(
         ({"SIDECAR_STATE_URL": "http://state:6379"}, "SIDECAR_STATE_URL", "unsupported scheme"),
         ({"SIDECAR_STATE_URL": "redis://state/one"}, "SIDECAR_STATE_URL", "not a number"),
         ({"SIDECAR_STATE_URL": "redis://:6379/0"}, "SIDECAR_STATE_URL", "has no host name"),
+        ({"SIDECAR_STATE_POLL_S": "0"}, "SIDECAR_STATE_POLL_S", "out of range"),
+        ({"SIDECAR_STATE_POLL_S": "15s"}, "SIDECAR_STATE_POLL_S", "not a number"),
     ],
 )
 def test_bad_values_name_the_variable(

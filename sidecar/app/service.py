@@ -28,6 +28,7 @@ from valkey.asyncio import Valkey
 from valkey.exceptions import ValkeyError
 
 from sidecar.app.metrics_catalog import register_metrics
+from sidecar.app.state_store import StateMemoryPoller, register_state_memory_metrics
 from sidecar.app.wiring import Assembly, CompareClients, MirrorClients, observer_client
 from sidecar.config import Settings
 from sidecar.errors import SidecarError
@@ -119,6 +120,10 @@ class Sidecar(Lifecycle):
         )
         # Reads what RAGFlow's processes record about the served share, for /metrics only.
         self.served = ServedEvidencePoller(settings, client=self.ragflow_client)
+        # Reads the state store's memory and evictions, for /metrics only.
+        self.state_memory = StateMemoryPoller(
+            self.state_client, settings.state.display_url, interval_s=settings.metrics.state_poll_s
+        )
         # The clients first, then the parts that use them: stopped in the reverse order.
         self._parts = Assembly(
             (
@@ -130,6 +135,7 @@ class Sidecar(Lifecycle):
                 self.shadow,
                 self.observer,
                 self.served,
+                self.state_memory,
             )
         )
         loops = {"mirror": self.mirror, "shadow": self.shadow, "observer": self.observer}
@@ -153,6 +159,7 @@ class Sidecar(Lifecycle):
             shadow=self.shadow,
         )
         register_served_metrics(self.metrics, self.served, settings)
+        register_state_memory_metrics(self.metrics, self.state_memory)
 
     async def _start(self) -> None:
         if self.http is not None and self._own_http:

@@ -5,20 +5,31 @@ not; an evicted one becomes a false ``missing_*`` verdict or a task run twice. A
 ``maxmemory-policy`` evicts (``allkeys-*``, ``volatile-*``) at a ``maxmemory`` is warned about,
 twice over when it is RAGFlow's own Valkey, where the sidecar's keys also push out RAGFlow's.
 ``noeviction`` refuses writes instead, which the sidecar rides out (:class:`ServerFullError`).
+While the sidecar runs, :class:`StateMemoryPoller` keeps its memory figures on ``/metrics``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+from collections.abc import Callable
+from typing import Final
+
+import valkey.asyncio as avalkey
 
 from sidecar.config import Settings
 from sidecar.errors import SidecarError
+from sidecar.lifecycle import Lifecycle
+from sidecar.telemetry.metrics import SidecarMetrics, Stats
 from sidecar.transport.valkey_client import create_client
 from sidecar.transport.valkey_memory import ValkeyMemory, human_bytes, read_memory
 
 logger = logging.getLogger(__name__)
 
 GUIDE = "docs/operations.md, 'The state store'"
+# A server that accepts the connection and never answers holds one read at most this long.
+POLL_TIMEOUT_S: Final = 5.0
 
 
 def shares_ragflows_valkey(settings: Settings) -> bool:
@@ -70,3 +81,100 @@ async def warn_if_evicting(settings: Settings) -> list[str]:
     for line in warnings:
         logger.warning("%s", line)
     return warnings
+
+
+class StateMemoryPoller(Lifecycle):
+    """Reads the state store's memory figures (INFO) every ``interval_s`` for the metrics, on
+    a task of its own: a scrape never waits on Valkey, and a failed read only leaves them
+    unknown (:attr:`memory` ``None``), said once per outage; the data path never sees it."""
+
+    def __init__(self, client: avalkey.Valkey, where: str, *, interval_s: float) -> None:
+        """``client`` is the composition root's (the state store's): used between start and
+        stop, never closed here. ``where`` names the store in the log."""
+        super().__init__()
+        self._client = client
+        self._where = where
+        self._interval_s = interval_s
+        # None before the first read and while reads fail: the series are left out rather
+        # than kept at figures nobody can vouch for (docs/metrics.md).
+        self.memory: ValkeyMemory | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._halt = asyncio.Event()
+        self._failing = False
+
+    async def _start(self) -> None:
+        self._halt = asyncio.Event()
+        self._task = asyncio.create_task(self._loop(), name="state-memory-poller")
+
+    async def _stop(self) -> None:
+        # The event ends the loop between reads; the cancel ends a read waiting on Valkey.
+        self._halt.set()
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.memory = None
+
+    @property
+    def polling(self) -> bool:
+        """Whether the loop is alive (started, and not ended by anything)."""
+        return self._task is not None and not self._task.done()
+
+    async def _loop(self) -> None:
+        while not self._halt.is_set():
+            await self.poll()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._halt.wait(), timeout=self._interval_s)
+
+    async def poll(self) -> bool:
+        """One read; ``False`` (the figures unknown) when the store did not answer it."""
+        try:
+            async with asyncio.timeout(POLL_TIMEOUT_S):
+                memory = await read_memory(self._client, self._where)
+        except (SidecarError, TimeoutError) as exc:
+            if not self._failing:
+                logger.warning("state store's memory unknown until it answers INFO: %s", exc)
+            self._failing = True
+            self.memory = None
+            return False
+        if self._failing:
+            logger.info("state store's memory read again")
+        self._failing = False
+        self.memory = memory
+        return True
+
+
+def register_state_memory_metrics(metrics: SidecarMetrics, poller: StateMemoryPoller) -> None:
+    """The state store's instruments, read from ``poller.memory`` at collection time."""
+
+    def sample(read: Callable[[ValkeyMemory], tuple[dict[str, str], float]]) -> Stats:
+        def samples() -> list[tuple[dict[str, str], float]]:
+            memory = poller.memory
+            return [] if memory is None else [read(memory)]
+
+        return samples
+
+    metrics.observe_gauge(
+        "state_store_used_memory_bytes",
+        "the state store's used_memory (INFO memory)",
+        sample(lambda memory: ({}, memory.used_memory)),
+    )
+    metrics.observe_gauge(
+        "state_store_maxmemory_bytes",
+        "the state store's maxmemory (0: no limit)",
+        sample(lambda memory: ({}, memory.maxmemory)),
+    )
+    # A counter mirroring the server's own: a restart of the store takes it back to 0, which
+    # increase() reads as a counter reset, not as a drop (a gauge's delta() would go negative).
+    metrics.observe_counter(
+        "state_store_evicted_keys",
+        "keys the state store evicted since it started (INFO stats)",
+        sample(lambda memory: ({}, memory.evicted_keys)),
+    )
+    # One series at a time: a policy changed with CONFIG SET replaces it, the old one goes stale.
+    metrics.observe_gauge(
+        "state_store_can_evict",
+        "1 when the state store drops keys at its maxmemory (policy: its maxmemory-policy)",
+        sample(lambda memory: ({"policy": memory.policy}, float(memory.can_evict))),
+    )

@@ -87,6 +87,9 @@ class MetricsSettings:
     # /healthz turns 503 when a loop has not turned for this long (HEALTH_WEDGED_S): above
     # the longest a handler or a produce retry may legitimately hold one turn.
     wedged_s: float = 300.0
+    # How often the state store's memory (INFO) is read for /metrics (SIDECAR_STATE_POLL_S): as
+    # often as compose's Prometheus scrapes, so a scrape never shows a figure staler than that.
+    state_poll_s: float = 15.0
 
 
 @dataclass(frozen=True)

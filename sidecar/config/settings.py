@@ -219,6 +219,7 @@ METRICS = Table(
     Var("SIDECAR_METRICS_PORT", "port", integer(0, 65535)),
     Var("SIDECAR_METRICS_HOST", "host", text()),
     Var("HEALTH_WEDGED_S", "wedged_s", number(1.0, 86400.0)),
+    Var("SIDECAR_STATE_POLL_S", "state_poll_s", number(0.1, 3600.0)),
 )
 
 
