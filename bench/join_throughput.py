@@ -9,6 +9,9 @@ coalesced into one pipelined call) and ``unbatched`` (``SHADOW_JOIN_BATCH=1``, e
 its own, as before the change). Then the mirror alone over the same number of entries, for the
 ratio issue 13 asks for. Round trips are the requests this process sent to Valkey (each send of
 a command or of a whole pipeline), counted on valkey-py's connections, divided by the verdicts.
+CPU per verdict (and per entry of the mirror alone) is this process's CPU time over the run:
+on a shared machine it varies less than the rates, and its ratio is the throughput ratio the two
+would have with a CPU each.
 
 Targets (issue 13): >= 5,000 verdicts/s, or >= 0.3x the mirror alone, whichever the machine
 allows (both printed); <= 1.5 round trips per judged task. Exit 1 when the batched mode misses
@@ -83,28 +86,44 @@ def run_settings(stack: LocalStack, stream: str, mode: str, concurrency: int) ->
     )
 
 
+class CpuTime:
+    """This process's CPU seconds while entered (the sidecar runs in it; the stack does not)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def __enter__(self) -> CpuTime:
+        self._started = time.process_time()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds += time.process_time() - self._started
+
+
 async def drain(
     settings: Settings, count: int, trips: RoundTrips, observer: bool
-) -> tuple[float, float]:
-    """Verdicts per second from the start to the last verdict, and round trips per verdict."""
+) -> tuple[float, float, float]:
+    """Verdicts per second from the start to the last verdict, round trips per verdict, and
+    this process's CPU microseconds per verdict."""
     stop = asyncio.Event()
     async with Sidecar(settings, observer=observer) as sidecar:
         assert sidecar.shadow is not None
         await sidecar.shadow.wait_ready()
         sent_before = trips.sent
         started = time.perf_counter()
-        loops = asyncio.create_task(sidecar.run(stop))
-        while sum(sidecar.judge.stats.verdicts.values()) < count:
-            if loops.done():
-                loops.result()  # a loop that died raises here
-            await asyncio.sleep(0.005)
+        with CpuTime() as cpu:
+            loops = asyncio.create_task(sidecar.run(stop))
+            while sum(sidecar.judge.stats.verdicts.values()) < count:
+                if loops.done():
+                    loops.result()  # a loop that died raises here
+                await asyncio.sleep(0.005)
         elapsed = time.perf_counter() - started
         sent = trips.sent - sent_before
         stop.set()
         await loops
         if set(sidecar.judge.stats.verdicts) != {"match"}:
             raise SystemExit(f"unexpected verdicts {dict(sidecar.judge.stats.verdicts)}")
-    return count / elapsed, sent / count
+    return count / elapsed, sent / count, cpu.seconds * 1e6 / count
 
 
 async def main() -> int:
@@ -121,7 +140,7 @@ async def main() -> int:
     stack.up()
     try:
         await init_topics(run_settings(stack, "unused", "batched", 1).kafka)
-        results: dict[str, list[tuple[float, float]]] = {mode: [] for mode in MODES}
+        results: dict[str, list[tuple[float, float, float]]] = {mode: [] for mode in MODES}
         with trips.counting():
             fill(stack.valkey.url, "bench.join.warmup", 2000)  # not counted
             await drain(run_settings(stack, "bench.join.warmup", "batched", 20), 2000, trips, False)
@@ -129,28 +148,36 @@ async def main() -> int:
                 stream = f"bench.join.{round_no}.{mode}"
                 fill(stack.valkey.url, stream, args.entries)
                 settings = run_settings(stack, stream, mode, args.concurrency)
-                rate, per_verdict = await drain(settings, args.entries, trips, args.observer)
-                results[mode].append((rate, per_verdict))
+                rate, per_verdict, cpu_us = await drain(
+                    settings, args.entries, trips, args.observer
+                )
+                results[mode].append((rate, per_verdict, cpu_us))
                 print(
                     f"round {round_no + 1} {mode:>9}: {rate:8,.0f} verdicts/s, "
-                    f"{per_verdict:5.2f} Valkey round trips per verdict",
+                    f"{per_verdict:5.2f} Valkey round trips and {cpu_us:5.0f} µs CPU per verdict",
                     flush=True,
                 )
         stream = "bench.join.mirror"
         fill(stack.valkey.url, stream, args.entries)
-        mirror = await mirror_rate(run_settings(stack, stream, "batched", 1), args.entries)
+        mirror_cpu = CpuTime()
+        settings = run_settings(stack, stream, "batched", 1)
+        mirror = await mirror_rate(settings, args.entries, mirror_cpu)
     finally:
         stack.down()
         shutil.rmtree(root, ignore_errors=True)
 
-    best = {mode: max(rate for rate, _ in runs) for mode, runs in results.items()}
-    trips_of = {mode: min(t for _, t in runs) for mode, runs in results.items()}
+    best = {mode: max(rate for rate, _, _ in runs) for mode, runs in results.items()}
+    trips_of = {mode: min(t for _, t, _ in runs) for mode, runs in results.items()}
+    cpu_of = {mode: min(c for _, _, c in runs) for mode, runs in results.items()}
+    mirror_cpu_us = mirror_cpu.seconds * 1e6 / args.entries
     print(f"\n{args.entries:,} entries, MAX_CONCURRENT_TASKS={args.concurrency}, load {loadavg()}")
-    print(f"  mirror alone        {mirror:8,.0f} entries/s")
+    print(f"  mirror alone        {mirror:8,.0f} entries/s, {mirror_cpu_us:5.0f} µs CPU per entry")
     for mode in MODES:
         print(
             f"  run, join {mode:>9} {best[mode]:8,.0f} verdicts/s "
-            f"({best[mode] / mirror:.2f}x the mirror), {trips_of[mode]:.2f} round trips/verdict"
+            f"({best[mode] / mirror:.2f}x the mirror), {trips_of[mode]:.2f} round trips and "
+            f"{cpu_of[mode]:.0f} µs CPU per verdict ({mirror_cpu_us / cpu_of[mode]:.2f}x the "
+            "mirror's CPU per entry)"
         )
     print(f"  batched / unbatched: {best['batched'] / best['unbatched']:.2f}x verdicts/s")
     rate_ok = best["batched"] >= TARGET_RATE or best["batched"] >= TARGET_MIRROR_RATIO * mirror
