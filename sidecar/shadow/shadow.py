@@ -207,7 +207,7 @@ class ShadowConsumer(Lifecycle):
                         work = traced(self._tracing, message, self.settings.shadow.group, work)
                     running.add(asyncio.create_task(work))
                 reap(running)
-                self.stats.in_flight = len(running) + len(recording)
+                self.stats.in_flight = len(running)  # handlers running: the slots in use
             if heartbeat.done():
                 heartbeat.result()
         finally:

@@ -2,9 +2,10 @@
 
 The redis run (the handler's run on the Redis copy, written by the mirror), the kafka run (its
 run on the Kafka copy, written by the shadow consumer) and the worker's delivery (RAGFlow's own
-worker, written by the observer) arrive in any order, from any sidecar instance. Each arrival
-is one Lua script: it stores its side, and the arrival that completes redis run + kafka run also
-claims the right to decide, so exactly one instance judges each entry. Entries still open after
+worker, written by the observer) arrive in any order, from any sidecar instance. Each batch of
+arrivals of a side is one Lua script call, atomic per entry: it stores the side, and the arrival
+that completes redis run + kafka run also claims the right to decide (and gets the whole hash
+back), so exactly one instance judges each entry. Entries still open after
 the compare timeout are claimed by the sweeper (``missing_in_kafka`` / ``missing_in_redis``).
 
 A claim is a token (instance and time). Deciding is claim, publish the verdict, then ``finish``;
