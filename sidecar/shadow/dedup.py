@@ -54,10 +54,11 @@ async def claim_entries(
         return []
     script = client.register_script(_CLAIM)
     cancel_keys = [key for _, key in entries]
-    cancelled_in = (client, "") if ragflow is None else ragflow
     taken, cancelled = await asyncio.gather(
         script(keys=[_seen_key(ref) for ref, _ in entries], args=[me, ttl_s]),
-        cancel_keys_set(cancelled_in, cancel_keys),
+        cancel_keys_set(client, cancel_keys)
+        if ragflow is None
+        else _cancel_keys_in(ragflow, cancel_keys),
     )
     claims: list[tuple[Claim, bool]] = []
     for (ref, _), free, gone in zip(entries, taken, cancelled, strict=True):
@@ -66,16 +67,18 @@ async def claim_entries(
     return claims
 
 
-async def cancel_keys_set(ragflow: tuple[valkey.Valkey, str], keys: Sequence[str]) -> list[bool]:
-    """Whether each of RAGFlow's cancel ``keys`` is set, in one MGET (``where`` names the
-    server in an error; empty: the caller translates errors itself)."""
-    client, where = ragflow
+async def cancel_keys_set(client: valkey.Valkey, keys: Sequence[str]) -> list[bool]:
+    """Whether each of RAGFlow's cancel ``keys`` is set, in one MGET (RAGFlow reads each with
+    GET, so a key that is not a string does not count, as for RAGFlow)."""
     if not keys:
         return []
-    if not where:
-        return [value is not None for value in await client.mget(keys)]
+    return [value is not None for value in await client.mget(keys)]
+
+
+async def _cancel_keys_in(ragflow: tuple[valkey.Valkey, str], keys: Sequence[str]) -> list[bool]:
+    client, where = ragflow
     with translate_valkey_errors("look up the cancel keys", where):
-        return [value is not None for value in await client.mget(keys)]
+        return await cancel_keys_set(client, keys)
 
 
 def _seen_key(ref: EntryRef) -> str:

@@ -21,6 +21,7 @@ from sidecar.shadow.dedup import cancel_keys_set
 from sidecar.shadow.handlers import HandlerResult, NamedHandler, TaskMeta, run_handler
 from sidecar.transport.base import OutgoingMessage
 from sidecar.transport.message import QueueMessage, decode_task, header_text
+from sidecar.transport.valkey_client import translate_valkey_errors
 from sidecar.verdicts.join import Arrival, EntryRef
 from sidecar.verdicts.judge import Judge, digest_or_none
 
@@ -48,9 +49,10 @@ class RedisRunRecorder:
             return
         acked_ms = int(time.time() * 1000)
         tasks = [decode_task(message.value) for message, _ in mirrored]
-        cancelled = await cancel_keys_set(
-            (self._client, self._where), [f"{t.get('id')}-cancel" for t in tasks]
-        )
+        with translate_valkey_errors("look up the cancel keys", self._where):
+            cancelled = await cancel_keys_set(
+                self._client, [f"{t.get('id')}-cancel" for t in tasks]
+            )
         arrivals = []
         traced = self._judge.tracing.enabled
         for (message, record), task, is_cancelled in zip(mirrored, tasks, cancelled, strict=True):
