@@ -91,7 +91,7 @@ def spawn_sidecar(command: str, env: dict[str, str], log: Path) -> subprocess.Po
     base = [str(script)] if script.exists() else [sys.executable, "-m", "sidecar"]
     with log.open("ab") as out:
         return subprocess.Popen(
-            [*base, command],
+            [*base, *command.split()],
             env={**environment_without_sidecar_settings(), **env},
             stdout=out,
             stderr=out,

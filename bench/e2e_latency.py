@@ -20,8 +20,11 @@ its own, as in a deployment. Exit 1 unless every entry got one ``match`` verdict
 A sidecar that keeps up shows p99 near p50 and a rate of verdicts equal to ``--rate``; one
 that does not shows latencies growing with ``--seconds``.
 
+``--shadows N`` runs the split deployment instead (docs/operations.md, "Scaling out"):
+``mirror --compare`` and N ``shadow`` processes in one group, each a process of its own.
+
 Usage: .venv/bin/python bench/e2e_latency.py [--rate 1000] [--seconds 20] [--warmup-s 5]
-       [--concurrency 50]
+       [--concurrency 50] [--shadows 0]
 """
 
 from __future__ import annotations
@@ -55,17 +58,29 @@ def percentile(ordered: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, int(len(ordered) * q + 0.5) - 1))]
 
 
-def start_sidecar(
-    stack: LocalStack, stream: str, port: int, log: Path, concurrency: int
-) -> subprocess.Popen[bytes]:
-    env = {
+def start_sidecars(
+    stack: LocalStack, stream: str, log: Path, concurrency: int, shadows: int
+) -> list[tuple[subprocess.Popen[bytes], int]]:
+    """``run`` alone, or with ``shadows`` > 0 the split deployment of docs/operations.md
+    ("Scaling out"): ``mirror --compare`` and that many ``shadow`` instances in one group.
+    Each process with its metrics port (for ``/readyz``) and an instance name of its own."""
+    base = {
         **run_env(stack, stream, "bench-e2e"),
         "SIDECAR_METRICS_HOST": "127.0.0.1",
-        "SIDECAR_METRICS_PORT": str(port),
         "STATUS_INTERVAL_S": "10",
         "MAX_CONCURRENT_TASKS": str(concurrency),
     }
-    return spawn_sidecar("run", env, log)
+    commands = ["run"] if shadows == 0 else ["mirror --compare", *["shadow"] * shadows]
+    started = []
+    for number, command in enumerate(commands):
+        port = free_port()
+        env = {
+            **base,
+            "SIDECAR_METRICS_PORT": str(port),
+            "SIDECAR_INSTANCE": f"{base['SIDECAR_INSTANCE']}-{number}",
+        }
+        started.append((spawn_sidecar(command, env, log), port))
+    return started
 
 
 def wait_ready(port: int, process: subprocess.Popen[bytes], timeout_s: float = 120) -> None:
@@ -100,16 +115,17 @@ def write_paced(url: str, stream: str, rate: int, payloads: list[bytes]) -> tupl
 
 
 def wait_verdicts(
-    url: str, total: int, process: subprocess.Popen[bytes], timeout_s: float = 180
+    url: str, total: int, processes: list[subprocess.Popen[bytes]], timeout_s: float = 180
 ) -> None:
-    """Until the judge has counted ``total`` verdicts (its own Valkey tally)."""
+    """Until the judges have counted ``total`` verdicts (their Valkey tally)."""
     client = valkey.Valkey.from_url(url)
     deadline = time.monotonic() + timeout_s
     counted = 0
     try:
         while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise RuntimeError(f"the sidecar exited with {process.returncode}")
+            for process in processes:
+                if process.poll() is not None:
+                    raise RuntimeError(f"a sidecar process exited with {process.returncode}")
             counted = sum(int(n) for n in client.hgetall(VERDICT_COUNTS_KEY).values())
             if counted >= total:
                 return
@@ -148,13 +164,19 @@ def main() -> int:
     parser.add_argument(
         "--concurrency", type=int, default=50, help="the shadow's MAX_CONCURRENT_TASKS (50)"
     )
+    parser.add_argument(
+        "--shadows",
+        type=int,
+        default=0,
+        help="0: `run` in one process (default); N: `mirror --compare` and N `shadow` processes",
+    )
     args = parser.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="sidecar-bench-"))
     stack = bench_stack(root)
     print(f"load average at start {loadavg()}", flush=True)
     stack.up()
-    process: subprocess.Popen[bytes] | None = None
+    processes: list[subprocess.Popen[bytes]] = []
     log = root / "sidecar.log"
     try:
         settings = Settings.from_env(
@@ -168,15 +190,16 @@ def main() -> int:
         warmup = args.rate * args.warmup_s
         total = warmup + args.rate * args.seconds
         payloads = [encode_task(task) for task in ragflow_tasks(total)]
-        port = free_port()
-        process = start_sidecar(stack, stream, port, log, args.concurrency)
-        wait_ready(port, process)
+        started_processes = start_sidecars(stack, stream, log, args.concurrency, args.shadows)
+        processes = [process for process, _ in started_processes]
+        for process, port in started_processes:
+            wait_ready(port, process)
         started = time.monotonic()
         behind_s, written = write_paced(stack.valkey.url, stream, args.rate, payloads)
-        wait_verdicts(stack.valkey.url, written, process)
+        wait_verdicts(stack.valkey.url, written, processes)
         throughput = written / (time.monotonic() - started)
         load = loadavg()
-        exit_code = stop_sidecar(process)
+        exit_code = max(stop_sidecar(process) for process in processes)
         verdicts = [
             v
             for v in asyncio.run(
@@ -192,8 +215,13 @@ def main() -> int:
         for verdict in measured:
             for name, value in paths(verdict).items():
                 samples.setdefault(name, []).append(value)
+        deployment = (
+            "`ragflow-sidecar run`"
+            if args.shadows == 0
+            else f"`mirror --compare` + {args.shadows} `shadow`"
+        )
         print(f"end-to-end latency at {args.rate} tasks/s, {len(measured):,} tasks measured "
-              f"after {warmup:,} warm-up (`ragflow-sidecar run`, MAX_CONCURRENT_TASKS "
+              f"after {warmup:,} warm-up ({deployment}, MAX_CONCURRENT_TASKS "
               f"{args.concurrency}, load average {load})")  # fmt: skip
         print(f"  {'path':32} {'n':>7} {'p50':>7} {'p95':>7} {'p99':>7} {'max':>7}  (ms)")
         for name, values in samples.items():
@@ -212,8 +240,9 @@ def main() -> int:
             print("\n".join(log.read_text(errors="replace").splitlines()[-20:]))
         return 0 if ok else 1
     finally:
-        if process is not None and process.poll() is None:
-            stop_sidecar(process)
+        for process in processes:
+            if process.poll() is None:
+                stop_sidecar(process)
         stack.down()
         shutil.rmtree(root, ignore_errors=True)
 
