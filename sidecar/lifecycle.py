@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from abc import ABC, abstractmethod
 from types import TracebackType
 from typing import Self
@@ -50,3 +51,44 @@ class Lifecycle(ABC):
 
     @abstractmethod
     async def _stop(self) -> None: ...
+
+
+class Poller(Lifecycle):
+    """Calls :meth:`poll` every ``interval_s`` on a task of its own, from ``start()`` to
+    ``stop()``; a poll's failure is the poll's to handle (it returns ``False``)."""
+
+    def __init__(self, interval_s: float, name: str) -> None:
+        super().__init__()
+        self._interval_s = interval_s
+        self._name = name
+        self._task: asyncio.Task[None] | None = None
+        self._halt = asyncio.Event()
+
+    async def _start(self) -> None:
+        self._halt = asyncio.Event()
+        self._task = asyncio.create_task(self._loop(), name=self._name)
+
+    async def _stop(self) -> None:
+        # The event ends the loop between polls; the cancel ends a poll waiting on I/O. Both,
+        # because a cancel landing in valkey-py's connection check can be taken for a timeout.
+        self._halt.set()
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    @property
+    def polling(self) -> bool:
+        """Whether the loop is alive (started, and not ended by anything)."""
+        return self._task is not None and not self._task.done()
+
+    async def _loop(self) -> None:
+        while not self._halt.is_set():
+            await self.poll()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._halt.wait(), timeout=self._interval_s)
+
+    @abstractmethod
+    async def poll(self) -> bool:
+        """One read; ``False`` when it failed."""

@@ -11,7 +11,6 @@ While the sidecar runs, :class:`StateMemoryPoller` keeps its memory figures on `
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from typing import Final
@@ -20,7 +19,7 @@ import valkey.asyncio as avalkey
 
 from sidecar.config import Settings
 from sidecar.errors import SidecarError
-from sidecar.lifecycle import Lifecycle
+from sidecar.lifecycle import Poller
 from sidecar.telemetry.metrics import SidecarMetrics, Stats
 from sidecar.transport.valkey_client import create_client
 from sidecar.transport.valkey_memory import ValkeyMemory, human_bytes, read_memory
@@ -83,7 +82,7 @@ async def warn_if_evicting(settings: Settings) -> list[str]:
     return warnings
 
 
-class StateMemoryPoller(Lifecycle):
+class StateMemoryPoller(Poller):
     """Reads the state store's memory figures (INFO) every ``interval_s`` for the metrics, on
     a task of its own: a scrape never waits on Valkey, and a failed read only leaves them
     unknown (:attr:`memory` ``None``), said once per outage; the data path never sees it."""
@@ -91,41 +90,17 @@ class StateMemoryPoller(Lifecycle):
     def __init__(self, client: avalkey.Valkey, where: str, *, interval_s: float) -> None:
         """``client`` is the composition root's (the state store's): used between start and
         stop, never closed here. ``where`` names the store in the log."""
-        super().__init__()
+        super().__init__(interval_s, "state-memory-poller")
         self._client = client
         self._where = where
-        self._interval_s = interval_s
         # None before the first read and while reads fail: the series are left out rather
         # than kept at figures nobody can vouch for (docs/metrics.md).
         self.memory: ValkeyMemory | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._halt = asyncio.Event()
         self._failing = False
 
-    async def _start(self) -> None:
-        self._halt = asyncio.Event()
-        self._task = asyncio.create_task(self._loop(), name="state-memory-poller")
-
     async def _stop(self) -> None:
-        # The event ends the loop between reads; the cancel ends a read waiting on Valkey.
-        self._halt.set()
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await super()._stop()
         self.memory = None
-
-    @property
-    def polling(self) -> bool:
-        """Whether the loop is alive (started, and not ended by anything)."""
-        return self._task is not None and not self._task.done()
-
-    async def _loop(self) -> None:
-        while not self._halt.is_set():
-            await self.poll()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._halt.wait(), timeout=self._interval_s)
 
     async def poll(self) -> bool:
         """One read; ``False`` (the figures unknown) when the store did not answer it."""

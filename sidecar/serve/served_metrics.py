@@ -11,8 +11,6 @@ same Valkey reports the same values, so dashboards take ``max``, never ``sum``, 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from collections import Counter
@@ -27,7 +25,7 @@ from ragflow_mq.contract import EVENTS, LATENCIES, PATHS, Keys
 from ragflow_mq.evidence import Evidence, window_keys
 from sidecar.config import Settings
 from sidecar.errors import SidecarError
-from sidecar.lifecycle import Lifecycle
+from sidecar.lifecycle import Poller
 from sidecar.telemetry.metrics import SidecarMetrics
 from sidecar.transport.valkey_client import translate_valkey_errors
 
@@ -51,7 +49,7 @@ class ServedValues:
     polled_at: float | None = None  # time.time() of the last successful poll
 
 
-class ServedEvidencePoller(Lifecycle):
+class ServedEvidencePoller(Poller):
     """Reads the served share's evidence and cap from Valkey every ``interval_s``."""
 
     def __init__(
@@ -59,38 +57,21 @@ class ServedEvidencePoller(Lifecycle):
     ) -> None:
         """``client`` is the caller's (the composition root's): used between start and stop,
         never closed here."""
-        super().__init__()
+        super().__init__(interval_s, "served-evidence-poller")
         self._settings = settings
         self._given_client = client
         self._keys = Keys(settings.serve.key_prefix)
-        self._interval_s = interval_s
         self.values = ServedValues()
         self._client: avalkey.Valkey | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._halt = asyncio.Event()
         self._failing = False
 
     async def _start(self) -> None:
         self._client = self._given_client
-        self._halt = asyncio.Event()
-        self._task = asyncio.create_task(self._loop(), name="served-evidence-poller")
+        await super()._start()
 
     async def _stop(self) -> None:
-        # The event ends the loop between polls; the cancel ends a poll waiting on Valkey. Both,
-        # because a cancel landing in valkey-py's connection check can be taken for a timeout.
-        self._halt.set()
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await super()._stop()
         self._client = None
-
-    async def _loop(self) -> None:
-        while not self._halt.is_set():
-            await self.poll()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._halt.wait(), timeout=self._interval_s)
 
     async def poll(self) -> bool:
         """One read (totals, recent minutes, cap) in one pipeline; ``False`` if it failed."""
