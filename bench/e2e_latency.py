@@ -154,6 +154,27 @@ def paths(verdict: dict[str, Any]) -> dict[str, float]:
     return {name: float(value) for name, value in found.items() if value is not None}
 
 
+def print_windows(measured: list[dict[str, Any]], seconds: int) -> None:
+    """XADD -> verdict per fifth of the measured time (by XADD time): a sidecar that keeps up
+    shows no trend; a growing lag shows as rising figures, a start-up backlog as falling ones."""
+    if not measured:
+        return
+    first = entry_ms(measured[0]["entry_id"])
+    width_ms = max(seconds * 1000 // 5, 1)
+    windows: dict[int, list[float]] = {}
+    for verdict in measured:
+        at = min((entry_ms(verdict["entry_id"]) - first) // width_ms, 4)
+        windows.setdefault(at, []).append(paths(verdict)["XADD -> verdict decided"])
+    print("  XADD -> verdict by fifth of the measured time (ms):")
+    for at, values in sorted(windows.items()):
+        values.sort()
+        print(
+            f"    {at * width_ms / 1000:5.0f} s +{width_ms / 1000:.0f} s  n {len(values):7,}  "
+            f"p50 {percentile(values, 0.50):6.0f}  p99 {percentile(values, 0.99):6.0f}  "
+            f"max {values[-1]:6.0f}"
+        )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rate", type=int, default=1000, help="tasks XADDed per second (1000)")
@@ -231,6 +252,7 @@ def main() -> int:
                 f"{percentile(values, 0.95):7.0f} {percentile(values, 0.99):7.0f} "
                 f"{values[-1]:7.0f}"
             )
+        print_windows(measured, args.seconds)
         print(f"  verdicts: {dict(kinds)}, {throughput:,.0f}/s from the first XADD to the last "
               f"verdict; writer at most {behind_s * 1000:.0f} ms behind schedule; "
               f"sidecar exit {exit_code}")  # fmt: skip
