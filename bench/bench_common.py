@@ -11,6 +11,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -59,12 +61,12 @@ def environment_without_sidecar_settings() -> dict[str, str]:
 
 
 def fill(url: str, stream: str, count: int) -> None:
-    """XADD ``count`` RAGFlow-shaped tasks of all five kinds, pipelined 5,000 at a time."""
+    """XADD ``count`` RAGFlow-shaped tasks of all five kinds, pipelined 5,000 at a time (made
+    5,000 at a time too, so a backlog of millions does not sit in this process first)."""
     client = valkey.Valkey.from_url(url)
-    tasks = ragflow_tasks(count)
     for start in range(0, count, 5000):
         pipe = client.pipeline(transaction=False)
-        for task in tasks[start : start + 5000]:
+        for task in ragflow_tasks(min(5000, count - start)):
             pipe.xadd(stream, {"message": encode_task(task)})
         pipe.execute()
     client.close()
@@ -82,6 +84,40 @@ def run_env(stack: LocalStack, stream: str, name: str) -> dict[str, str]:
         "SHADOW_GROUP": f"{name}-{run}",
         "SIDECAR_INSTANCE": f"{name}-{run}",
     }
+
+
+def rss_kib(pid: int) -> tuple[int, int] | None:
+    """VmRSS and VmHWM (peak RSS) of ``pid`` in KiB, or ``None`` once it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    values = {}
+    for line in status.splitlines():
+        name, _, rest = line.partition(":")
+        if name in ("VmRSS", "VmHWM"):
+            values[name] = int(rest.split()[0])
+    return values.get("VmRSS", 0), values.get("VmHWM", 0)
+
+
+def mib(kib: float) -> str:
+    return f"{kib / 1024:7.1f} MiB"
+
+
+def wait_ready(port: int, process: subprocess.Popen[bytes], timeout_s: float = 120) -> None:
+    """Until the child sidecar's ``/readyz`` on ``port`` answers 200."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the sidecar exited with {process.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as reply:
+                if reply.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"the sidecar was not ready in {timeout_s:.0f} s")
 
 
 def spawn_sidecar(command: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:

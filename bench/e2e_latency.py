@@ -35,14 +35,20 @@ import shutil
 import subprocess
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import valkey
-from bench_common import bench_stack, free_port, loadavg, run_env, spawn_sidecar, stop_sidecar
+from bench_common import (
+    bench_stack,
+    free_port,
+    loadavg,
+    run_env,
+    spawn_sidecar,
+    stop_sidecar,
+    wait_ready,
+)
 
 from sidecar.config import Settings
 from sidecar.dev.local_stack import LocalStack
@@ -81,21 +87,6 @@ def start_sidecars(
         }
         started.append((spawn_sidecar(command, env, log), port))
     return started
-
-
-def wait_ready(port: int, process: subprocess.Popen[bytes], timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the sidecar exited with {process.returncode}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as reply:
-                if reply.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"the sidecar was not ready in {timeout_s:.0f} s")
 
 
 def write_paced(url: str, stream: str, rate: int, payloads: list[bytes]) -> tuple[float, int]:

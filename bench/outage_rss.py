@@ -40,6 +40,8 @@ from bench_common import (
     bench_stack,
     count_in_kafka,
     loadavg,
+    mib,
+    rss_kib,
     run_env,
     spawn_sidecar,
     stop_sidecar,
@@ -54,24 +56,6 @@ from sidecar.transport.topics import init_topics
 BATCH = 500
 GROUP = "bench_outage_mirror"
 SAMPLE_S = 1.0
-
-
-def rss_kib(pid: int) -> tuple[int, int] | None:
-    """VmRSS and VmHWM (peak RSS) of ``pid`` in KiB, or ``None`` once it is gone."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return None
-    values = {}
-    for line in status.splitlines():
-        name, _, rest = line.partition(":")
-        if name in ("VmRSS", "VmHWM"):
-            values[name] = int(rest.split()[0])
-    return values.get("VmRSS", 0), values.get("VmHWM", 0)
-
-
-def mib(kib: float) -> str:
-    return f"{kib / 1024:7.1f} MiB"
 
 
 @dataclass
