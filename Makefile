@@ -65,6 +65,7 @@ COMPARE_BENCH_ARGS ?=
 MIRROR_BENCH_ARGS  ?= --entries 100000
 OUTAGE_BENCH_ARGS  ?=
 DRAIN_BENCH_ARGS   ?= --tasks 200000
+STATE_BENCH_ARGS   ?=
 E2E_BENCH_ARGS     ?=
 SERVE_BENCH_ARGS   ?=
 TRACING_BENCH_ARGS ?= --entries 5000 --mirror-entries 50000
@@ -80,6 +81,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/outage_rss.py $(OUTAGE_BENCH_ARGS)
 	@$(LOADAVG)
 	$(BIN)/python bench/drain_rss.py $(DRAIN_BENCH_ARGS)
+	@$(LOADAVG)
+	$(BIN)/python bench/state_store_memory.py $(STATE_BENCH_ARGS)
 	@$(LOADAVG)
 	$(BIN)/python bench/e2e_latency.py $(E2E_BENCH_ARGS)
 	@$(LOADAVG)
