@@ -147,6 +147,41 @@ async def test_nack_redelivers_after_the_delay_and_stays_pending(
         await consumer.stop()
 
 
+async def test_entries_in_hand_are_not_taken_over_by_their_own_consumer(
+    settings: Settings, valkey_client: avalkey.Valkey, unique: str
+) -> None:
+    """XAUTOCLAIM takes any entry idle past ``claim_idle_ms``, the consumer's own included: a
+    batch held while Kafka is away must not come back a second time (a duplicate in Kafka),
+    while an idle entry of a dead consumer is still taken over."""
+    group = f"{unique}-g"
+    ids = [
+        (await valkey_client.xadd(unique, {"message": json.dumps({"id": str(n)})})).decode()
+        for n in range(6)
+    ]
+    consumer = await consumer_for(settings, [unique], group, claim_idle_ms=200)
+    try:
+        in_hand = await consumer.poll_batch(2, 2000)  # held, as a batch waiting on Kafka
+        assert [m.id for m in in_hand] == ids[:2]
+        dead = await consumer_for(settings, [unique], group, name="dead")
+        assert [m.id for m in await dead.poll_batch(2, 2000)] == ids[2:4]
+        await dead.stop()  # never acks: its entries wait for a taker
+        # The held entries were delivered first, so they are idle longer than the dead
+        # consumer's: any pass of XAUTOCLAIM that takes those would take these too.
+        taken: list[QueueMessage] = []
+        deadline = time.monotonic() + 10
+        while not set(ids[2:4]) <= {m.id for m in taken}:
+            assert time.monotonic() < deadline, [m.id for m in taken]
+            taken += await consumer.poll_batch(10, 100)
+        taken_ids = [m.id for m in taken]
+        assert not set(taken_ids) & set(ids[:2]), taken_ids
+        assert sorted(taken_ids) == ids[2:], taken_ids  # each once, the new ones included
+        for message in in_hand + taken:
+            await message.ack()
+        assert await pending_ids(valkey_client, unique, group) == []
+    finally:
+        await consumer.stop()
+
+
 async def test_existing_group_is_never_moved_or_recreated(
     settings: Settings, valkey_client: avalkey.Valkey, unique: str
 ) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import valkey.asyncio as valkey
 
 from sidecar.errors import MessageQueueError, SidecarError
+from sidecar.text import as_text
 from sidecar.transport.base import (
     MessageQueueConsumer,
     MessageQueueProducer,
@@ -147,6 +148,9 @@ class RedisStreamConsumer(ClientOwner, MessageQueueConsumer):
         self._buffer: deque[QueueMessage] = deque()
         self._deleted: list[tuple[str, bytes]] = []  # pending entries gone from the stream
         self._redeliveries: DelayedRedeliveries[tuple[str, str]] = DelayedRedeliveries()
+        # Entries handed to the caller (or buffered) and not acked or nacked yet: pending on
+        # this consumer, and idle on the server however busy the caller is with them.
+        self._in_hand: set[tuple[str, str]] = set()
 
     async def _start(self) -> None:
         self._open()
@@ -161,6 +165,7 @@ class RedisStreamConsumer(ClientOwner, MessageQueueConsumer):
     async def _stop(self) -> None:
         # Buffered entries stay pending in the group and are replayed on the next start.
         self._buffer.clear()
+        self._in_hand.clear()
         await self._close()
 
     async def _ensure_groups(self) -> None:
@@ -260,6 +265,8 @@ class RedisStreamConsumer(ClientOwner, MessageQueueConsumer):
         batch = [self._buffer.popleft() for _ in range(min(max_records, len(self._buffer)))]
         if len(batch) < max_records:
             batch += await self._fill(max_records - len(batch), timeout_ms)
+        self._in_hand.update((message.topic, message.id) for message in batch)
+        self._in_hand.update((message.topic, message.id) for message in self._buffer)
         while self._deleted:
             stream, entry_id = self._deleted.pop()
             async with self._calls(f"XACK {stream}"):
@@ -336,6 +343,13 @@ class RedisStreamConsumer(ClientOwner, MessageQueueConsumer):
                 )
             next_cursor, entries = reply[0], reply[1]
             self._claim_cursor[stream] = next_cursor
+            # XAUTOCLAIM takes any entry idle that long, this consumer's own too: an entry in
+            # hand (a batch waiting while Kafka is away) is not taken over a second time.
+            entries = [
+                (entry_id, fields)
+                for entry_id, fields in entries
+                if (stream, as_text(entry_id)) not in self._in_hand
+            ]
             for entry_id, fields in entries:
                 if fields is not None:
                     messages.append(entry_to_message(stream, entry_id, fields, self))
@@ -356,6 +370,7 @@ class RedisStreamConsumer(ClientOwner, MessageQueueConsumer):
     async def ack(self, message: QueueMessage) -> None:
         async with self._calls(f"XACK {message.topic}"):
             await self.client.xack(message.topic, self.group, message.id)
+        self._in_hand.discard((message.topic, message.id))
 
     async def ack_many(self, messages: Sequence[QueueMessage]) -> None:
         """XACK a batch: one command per stream."""
@@ -365,7 +380,9 @@ class RedisStreamConsumer(ClientOwner, MessageQueueConsumer):
         for stream, ids in by_stream.items():
             async with self._calls(f"XACK {stream}"):
                 await self.client.xack(stream, self.group, *ids)
+            self._in_hand.difference_update((stream, entry_id) for entry_id in ids)
 
     async def nack(self, message: QueueMessage, delay_ms: int = 0) -> None:
         # The entry stays pending in the group, so a crash before redelivery loses nothing.
+        self._in_hand.discard((message.topic, message.id))
         self._redeliveries.push((message.topic, message.id), delay_ms)
