@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Coroutine
@@ -42,6 +41,7 @@ from sidecar.shadow.shadow import ShadowConsumer
 from sidecar.telemetry.health import Health, HealthServer
 from sidecar.telemetry.metrics import SidecarMetrics
 from sidecar.telemetry.tracing import Tracing
+from sidecar.transport import fastjson
 from sidecar.transport.base import OutgoingMessage
 from sidecar.transport.message import QueueMessage
 from sidecar.verdicts.join import Arrival, EntryRef
@@ -313,7 +313,7 @@ class Sidecar(Lifecycle):
             "processing_ms": delivery.processing_ms,
         }
         ref = EntryRef(delivery.stream, delivery.entry_id)
-        await self.judge.record("worker", [Arrival(ref, json.dumps(facts).encode())])
+        await self.judge.record("worker", [Arrival(ref, fastjson.dumps(facts))])
 
 
 def _severity(exc: BaseException) -> int:

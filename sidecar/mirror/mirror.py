@@ -35,7 +35,7 @@ from sidecar.telemetry.tracing import Tracing
 from sidecar.transport.base import OutgoingMessage, SendResult
 from sidecar.transport.kafka import KafkaProducer
 from sidecar.transport.lag import stream_lag
-from sidecar.transport.message import QueueMessage, decode_task, header_text
+from sidecar.transport.message import QueueMessage, header_text
 from sidecar.transport.redis_streams import RedisStreamConsumer
 from sidecar.transport.topics import DLQ_TOPIC, missing_topics
 from sidecar.transport.valkey_client import translate_valkey_errors
@@ -208,7 +208,7 @@ class Mirror(Lifecycle):
         """The Kafka record for an entry, or ``None`` when it stays out of Kafka; with a
         ``trace``, its ``send`` span is started and its context is the ``traceparent``."""
         try:
-            task = decode_task(message.value)
+            task = message.payload  # kept: the redis run reads the same copy
             task_id = task.get("id")
             if not isinstance(task_id, str) or not task_id:
                 raise MessageDecodeError("no_task_id", "the task has no string 'id'")

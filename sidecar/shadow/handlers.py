@@ -154,6 +154,10 @@ async def run_handler(handler: NamedHandler, task: dict[str, Any], meta: TaskMet
     except Exception as exc:
         return HandlerResult(None, f"{type(exc).__name__}: {exc}", _ms_since(started))
     elapsed_ms = _ms_since(started)
+    if handler.builtin:
+        # ``noop`` and ``ragflow`` build their outcome of JSON types only (str keys, str, int,
+        # bool, None, lists): the round trip below would give it back unchanged.
+        return HandlerResult(value, None, elapsed_ms)
     try:
         # Round-tripped so both paths are compared as JSON (tuples become lists, int keys
         # strings), exactly as the outcome would be stored or sent.

@@ -9,7 +9,6 @@ runs are noise and are excluded from the comparison with the Kafka path.
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -19,8 +18,9 @@ import valkey.asyncio as valkey
 from comparators import NoiseBaseline
 from sidecar.shadow.dedup import cancel_keys_set
 from sidecar.shadow.handlers import HandlerResult, NamedHandler, TaskMeta, run_handler
+from sidecar.transport import fastjson
 from sidecar.transport.base import OutgoingMessage
-from sidecar.transport.message import QueueMessage, decode_task, header_text
+from sidecar.transport.message import QueueMessage, header_text
 from sidecar.transport.valkey_client import translate_valkey_errors
 from sidecar.verdicts.join import Arrival, EntryRef
 from sidecar.verdicts.judge import Judge, digest_or_none
@@ -48,7 +48,8 @@ class RedisRunRecorder:
         if not mirrored:
             return
         acked_ms = int(time.time() * 1000)
-        tasks = [decode_task(message.value) for message, _ in mirrored]
+        # Decoded by the mirror already, which routed them: the payload is cached.
+        tasks = [message.payload for message, _ in mirrored]
         with translate_valkey_errors("look up the cancel keys", self._where):
             cancelled = await cancel_keys_set(
                 self._client, [f"{t.get('id')}-cancel" for t in tasks]
@@ -74,9 +75,7 @@ class RedisRunRecorder:
             if traced:  # the record's producer context, for the verdict's span to link to
                 facts["traceparent"] = header_text(record.headers, "traceparent")
             arrivals.append(
-                Arrival(
-                    EntryRef(message.topic, message.id), json.dumps(facts).encode(), message.value
-                )
+                Arrival(EntryRef(message.topic, message.id), fastjson.dumps(facts), message.value)
             )
         await self._judge.record("redis_run", arrivals)
 

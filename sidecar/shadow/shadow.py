@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import time
 from collections import Counter
@@ -42,6 +41,7 @@ from sidecar.shadow.records import (
 )
 from sidecar.shadow.replay import value_sha
 from sidecar.shadow.trace import kafka_run_facts, traced
+from sidecar.transport import fastjson
 from sidecar.transport.coalesce import Coalescer
 from sidecar.transport.kafka import KafkaConsumer, KafkaProducer
 from sidecar.transport.message import QueueMessage, header_text
@@ -133,12 +133,19 @@ class ShadowConsumer(Lifecycle):
             settings.shadow.join_batch,
         )
         self._order = OrderTracker()
-        self._recording: set[asyncio.Task[None]] = set()  # kafka runs on their way to the join
+        # Kafka runs on their way to the join: those not yet taken by a batch, and the tasks
+        # recording the batches (one per turn of the loop in which handlers finished).
+        self._unrecorded: list[tuple[QueueMessage, EntryRef, dict[str, Any]]] = []
+        self._recording: set[asyncio.Task[None]] = set()
+        self._to_record = 0  # runs handed to _record_later and not yet recorded
         self._priority_topics = [t for t in topics if t == routes.priority_parse_topic]
         self._pinned = False  # SHADOW_START=latest positions committed once per start
 
     async def _start(self) -> None:
         self._pinned = False
+        # Runs left from a run that was cancelled are delivered again: their offsets were not
+        # committed.
+        self._unrecorded, self._to_record = [], 0
         await self._consumer.start()
 
     async def _stop(self) -> None:
@@ -180,7 +187,7 @@ class ShadowConsumer(Lifecycle):
                 self.stats.turns += 1
                 reap(recording)
                 full = running if len(running) >= limit else None
-                if len(recording) >= recording_limit:
+                if self._to_record >= recording_limit and recording:
                     full = recording
                 if full is not None:
                     await asyncio.wait(full, return_when=asyncio.FIRST_COMPLETED)
@@ -292,26 +299,44 @@ class ShadowConsumer(Lifecycle):
             self._on_processed(facts.get("queue_wait_ms"), result.elapsed_ms)
 
     def _record_later(self, message: QueueMessage, ref: EntryRef, facts: dict[str, Any]) -> None:
-        """Free the handler's slot: the kafka run is recorded by a task of its own, which
-        :meth:`run` bounds, reaps and waits for (in the context of the task's span)."""
-        self._recording.add(asyncio.create_task(self._submit(message, ref, facts)))
+        """Free the handler's slot: the kafka run is recorded with the others of this turn of
+        the event loop, by a task that :meth:`run` bounds, reaps and waits for."""
+        self._unrecorded.append((message, ref, facts))
+        self._to_record += 1
+        if len(self._unrecorded) == 1:  # the first of this turn: nobody is to take it yet
+            self._recording.add(asyncio.create_task(self._record_batch()))
 
-    async def _submit(self, message: QueueMessage, ref: EntryRef, facts: dict[str, Any]) -> None:
-        """Hand the kafka run to the judge, then let the record's offset be committed.
+    async def _record_batch(self) -> None:
+        """Hand the kafka runs finished in this turn to the judge, in batches of at most
+        ``SHADOW_JOIN_BATCH``, then let each record's offset be committed.
 
         For an entry whose kafka run is already recorded, the judge tells a redelivery of the
         same record (nothing to say) from a second copy in Kafka (a ``duplicate`` verdict).
         """
-        arrival = Arrival(
-            ref,
-            json.dumps(facts, default=repr).encode(),
-            message.value or b"",
-            origin=f"{message.topic}:{message.partition}:{message.offset}",
-        )
-        outcome = (await self._judge.record("kafka_run", [arrival]))[0]
-        if outcome in ("duplicate", "duplicate_again"):
-            self.stats.duplicates += 1
-        await message.ack()
+        await asyncio.sleep(0)  # the handlers finishing in this turn join the batch
+        taken, self._unrecorded = self._unrecorded, []
+        size = self.settings.shadow.join_batch
+        try:
+            for start in range(0, len(taken), size):
+                await self._record_runs(taken[start : start + size])
+        finally:
+            self._to_record -= len(taken)
+
+    async def _record_runs(self, runs: list[tuple[QueueMessage, EntryRef, dict[str, Any]]]) -> None:
+        arrivals = [
+            Arrival(
+                ref,
+                fastjson.dumps(facts, default=repr),
+                message.value or b"",
+                origin=f"{message.topic}:{message.partition}:{message.offset}",
+            )
+            for message, ref, facts in runs
+        ]
+        outcomes = await self._judge.record("kafka_run", arrivals)
+        for (message, _, _), outcome in zip(runs, outcomes, strict=True):
+            if outcome in ("duplicate", "duplicate_again"):
+                self.stats.duplicates += 1
+            await message.ack()
 
     async def _run_with_retries(
         self,

@@ -9,6 +9,7 @@ from functools import cached_property
 from typing import Any, Protocol
 
 from sidecar.errors import MessageDecodeError
+from sidecar.transport import fastjson
 
 
 class MessageSettler(Protocol):
@@ -86,11 +87,9 @@ def decode_task(value: bytes | None) -> dict[str, Any]:
     if value is None:
         raise MessageDecodeError("no_message_field", "the entry has no 'message' field")
     try:
-        text = value.decode("utf-8")
+        task = fastjson.loads(value)
     except UnicodeDecodeError as exc:
         raise MessageDecodeError("not_utf8", f"invalid UTF-8 at byte {exc.start}") from exc
-    try:
-        task = json.loads(text)
     except json.JSONDecodeError as exc:
         raise MessageDecodeError("not_json", f"{exc.msg} at position {exc.pos}") from exc
     except RecursionError as exc:

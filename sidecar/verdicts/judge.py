@@ -10,7 +10,6 @@ in the verdict but do not make it a mismatch: a slow path is a finding, not a wr
 from __future__ import annotations
 
 import functools
-import json
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -22,6 +21,7 @@ import valkey.asyncio as valkey
 from sidecar.config import Settings
 from sidecar.errors import SidecarError
 from sidecar.telemetry.tracing import Tracing
+from sidecar.transport import fastjson
 from sidecar.transport.base import OutgoingMessage
 from sidecar.transport.coalesce import Coalescer
 from sidecar.transport.kafka import KafkaProducer
@@ -133,7 +133,7 @@ class Judge:
         now_ms = int(time.time() * 1000)
         records = []
         for arrival in arrivals:
-            facts = json.loads(arrival.facts)
+            facts = fastjson.loads(arrival.facts)
             records.append(
                 (
                     arrival.ref,
@@ -256,7 +256,7 @@ class Judge:
 def _facts(raw: bytes | None) -> dict[str, Any]:
     if not raw:
         return {}
-    value = json.loads(raw)
+    value = fastjson.loads(raw)
     return value if isinstance(value, dict) else {}
 
 

@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+from sidecar.transport import fastjson
+
 Verdict = Literal["match", "mismatch", "missing_in_kafka", "missing_in_redis", "duplicate", "error"]
 VERDICTS: Final[tuple[Verdict, ...]] = (
     "match",
@@ -99,7 +101,7 @@ class VerdictRecord:
         return body
 
     def to_json(self) -> bytes:
-        return json.dumps(self.to_dict(), separators=(",", ":"), default=repr).encode()
+        return fastjson.dumps(self.to_dict(), default=repr)
 
 
 def capped(value: Any) -> Any:
