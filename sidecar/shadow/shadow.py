@@ -44,7 +44,7 @@ from sidecar.shadow.trace import kafka_run_facts, traced
 from sidecar.transport import fastjson
 from sidecar.transport.coalesce import Coalescer
 from sidecar.transport.kafka import KafkaConsumer, KafkaProducer
-from sidecar.transport.message import QueueMessage, header_text
+from sidecar.transport.message import QueueMessage
 from sidecar.transport.served import is_served
 from sidecar.transport.valkey_client import translate_valkey_errors
 from sidecar.verdicts.join import ALIVE_PREFIX, Arrival, EntryRef
@@ -209,7 +209,7 @@ class ShadowConsumer(Lifecycle):
                     place = order_key(message, named.stream) if named else ""
                     violation = self._order.observe(place, named.entry_id) if named else None
                     after = str(violation.right) if violation is not None else None
-                    work = self._process(message, after, stop)
+                    work = self._process(message, named, after, stop)
                     if self._tracing.enabled:
                         work = traced(self._tracing, message, self.settings.shadow.group, work)
                     running.add(asyncio.create_task(work))
@@ -253,12 +253,16 @@ class ShadowConsumer(Lifecycle):
             await self._client.delete(key)
 
     async def _process(
-        self, message: QueueMessage, out_of_order_after: str | None, stop: asyncio.Event
+        self,
+        message: QueueMessage,
+        ref: EntryRef | None,
+        out_of_order_after: str | None,
+        stop: asyncio.Event,
     ) -> None:
-        """Process one record; ``out_of_order_after`` names a later entry of the same key
-        that was consumed before this one (a per-key order violation, unless a duplicate)."""
+        """Process one record, which names the stream entry ``ref`` (see :func:`mirror_ref`);
+        ``out_of_order_after`` names a later entry of the same key that was consumed before
+        this one (a per-key order violation, unless a duplicate)."""
         started_ms = int(time.time() * 1000)
-        ref = mirror_ref(message)
         if ref is None:
             # Not put there by the mirror (or its headers name no entry): it has no Redis
             # counterpart, so it is judged missing_in_redis once the compare timeout passes.
@@ -347,7 +351,7 @@ class ShadowConsumer(Lifecycle):
         stop: asyncio.Event,
     ) -> tuple[HandlerResult, int]:
         shadow = self.settings.shadow
-        retry_count = max(int_or_none(header_text(message.headers, "x-retry-count")) or 0, 0)
+        retry_count = max(int_or_none(message.header_text("x-retry-count")) or 0, 0)
         attempt = 0
         while True:
             attempt += 1
@@ -393,13 +397,13 @@ class ShadowConsumer(Lifecycle):
         started_ms: int,
         ref: EntryRef,
     ) -> dict[str, Any]:
-        enqueued = int_or_none(header_text(message.headers, "x-timestamp"))
+        enqueued = int_or_none(message.header_text("x-timestamp"))
         queue_wait_ms = started_ms - enqueued if enqueued is not None else None
         facts = {
-            "task_id": header_text(message.headers, "x-task-id")
+            "task_id": message.header_text("x-task-id")
             or (str(task.get("id")) if task else None),
-            "task_type": header_text(message.headers, "x-task-type"),
-            "priority": int_or_none(header_text(message.headers, "x-priority")),
+            "task_type": message.header_text("x-task-type"),
+            "priority": int_or_none(message.header_text("x-priority")),
             "stream": ref.stream,
             "entry_id": ref.entry_id,
             "topic": message.topic,

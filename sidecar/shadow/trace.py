@@ -74,7 +74,7 @@ def kafka_run_facts(message: QueueMessage) -> dict[str, str]:
     """What the judge needs to link a verdict: the record's producer context and, within
     a ``process`` span being recorded, that span's context."""
     facts = {}
-    producer = header_text(message.headers, TRACEPARENT)
+    producer = message.header_text(TRACEPARENT)
     if producer is not None:
         facts[TRACEPARENT] = producer
     span = trace.get_current_span()

@@ -46,13 +46,18 @@ class QueueMessage:
         """The value parsed as a JSON object; raises :class:`MessageDecodeError` otherwise."""
         return decode_task(self.value)
 
+    @cached_property
+    def _header_map(self) -> dict[str, bytes]:
+        return dict(self.headers)  # the last of a name wins, as in header_text
+
     def header(self, name: str) -> bytes | None:
         """The last header (or Redis field) of that name, or ``None``."""
-        found = None
-        for key, value in self.headers:
-            if key == name:
-                found = value
-        return found
+        return self._header_map.get(name)
+
+    def header_text(self, name: str) -> str | None:
+        """The last header (or Redis field) of that name as text, or ``None``."""
+        found = self._header_map.get(name)
+        return found.decode("utf-8", "replace") if found is not None else None
 
     async def ack(self) -> None:
         """Mark the message done (XACK / offset commit up to the lowest unfinished)."""
