@@ -96,8 +96,8 @@ class ServeConsumer:
         self._stopping = False
         self._tasks: list[asyncio.Task[None]] = []
         self._warned: set[str] = set()
-        # Partitions revoked since the last fetch began: records of theirs still on their way
-        # to the buffers are now their new owner's, and must not be handed out here too.
+        # Partitions revoked since the last fetch returned: records of theirs still on their
+        # way to the buffers are now their new owner's, and must not be handed out here too.
         self._revoked_lately: set[tuple[str, int]] = set()
 
     async def start(self) -> None:
@@ -142,8 +142,14 @@ class ServeConsumer:
             consumer = self._consumer
             if consumer is None:
                 return
-            self._revoked_lately.clear()
             batch = await consumer.poll_batch(room, _FETCH_TIMEOUT_MS)
+            # Cleared when the fetch returns, not when it begins: a fetch that waited through a
+            # rebalance returns records of the assignment that followed (aiokafka drops what
+            # was fetched before), so a partition revoked meanwhile and given back is ours.
+            # Taken for a new owner's, those records were dropped by the member that still
+            # owned them: never run, until another rebalance. No await since the fetch
+            # returned, so no revoke of what it returned is missed.
+            self._revoked_lately.clear()
             if batch:
                 await self._accept(batch)
 
@@ -204,6 +210,11 @@ class ServeConsumer:
                 self._buffers[queue].append(KafkaTask(self, message, task))
                 self._buffered += 1
         if late:
+            logger.info(
+                "%d fetched record(s) of revoked partitions left to their new owner: %s",
+                len(late),
+                ", ".join(task.message.id for task in late),
+            )
             await asyncio.to_thread(self._give_back, late)
         for (message, _), attempt in counted:
             if attempt > limit:

@@ -75,7 +75,9 @@ def standin_env(
     else:
         redis_url = stack_or_urls.valkey.url
         bootstrap = stack_or_urls.kafka.bootstrap_servers
-    path = [str(STANDIN_ROOT)]
+    # The checkout's own ragflow_mq and sidecar: the virtualenv's editable install may point
+    # at another checkout, whose code the children would otherwise run instead of this one's.
+    path = [str(STANDIN_ROOT), str(REPO)]
     if install:
         path.insert(0, str(SITECUSTOMIZE_DIR))
     env = {name: os.environ[name] for name in _INHERITED if name in os.environ}

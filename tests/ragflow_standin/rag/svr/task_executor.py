@@ -190,11 +190,15 @@ def _fault_share(task_id: str) -> int:
     return zlib.crc32(task_id.encode()) % 100
 
 
+def _msg_id(redis_msg: RedisMsg | None) -> str:
+    """A Redis entry id (``ms-seq``) or a served record's ``topic:partition:offset``."""
+    msg_id = redis_msg.get_msg_id() if redis_msg is not None else ""
+    return msg_id.decode() if isinstance(msg_id, bytes) else str(msg_id)
+
+
 async def do_handle_task(task: Task) -> None:
     """The fake workload: record the execution, sleep STANDIN_WORK_MS, maybe fail, report done."""
-    redis_msg = _current_msg.get()
-    msg_id = redis_msg.get_msg_id() if redis_msg is not None else ""
-    msg_id = msg_id.decode() if isinstance(msg_id, bytes) else str(msg_id)
+    msg_id = _msg_id(_current_msg.get())
     record = {
         "task_id": task["id"],
         "doc_id": task.get("doc_id"),
@@ -231,7 +235,8 @@ async def handle_task() -> None:
         await do_handle_task(task)
         DONE_TASKS += 1
         CURRENT_TASKS.pop(task_id, None)
-        logging.info("handle_task done for task %s", json.dumps(task))
+        # The message id too (not in RAGFlow's line): which path and record ran it.
+        logging.info("handle_task done for task %s (msg %s)", json.dumps(task), _msg_id(redis_msg))
     except TaskCanceledException as e:
         DONE_TASKS += 1
         CURRENT_TASKS.pop(task_id, None)

@@ -1,0 +1,105 @@
+"""The executor's Kafka consumer (``ragflow_mq.consumer``) across a rebalance, in this process,
+against the session's real Kafka and Valkey: no served task is skipped or handed out twice."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import valkey
+
+from ragflow_mq import consumer as consumer_module
+from ragflow_mq.consumer import ServeConsumer
+from ragflow_mq.contract import Keys
+from ragflow_mq.evidence import Recorder
+from ragflow_mq.producer import served_headers
+from sidecar.config import Settings
+from sidecar.config.routing import RouteTable
+from sidecar.dev.local_stack import LocalStack
+from sidecar.transport.kafka import KafkaProducer
+from sidecar.transport.partitioner import murmur2
+from tests.ragflow_support import wait_until
+from tests.serve_support import ServeWorld, make_world
+
+
+async def _one_task_per_partition(world: ServeWorld, settings: Settings) -> set[str]:
+    """Queue, as ``queue_product`` does for a served document, one task on every partition of
+    the world's two topics (priority 2 partitions, the rest 4); their ids."""
+    routes = RouteTable(settings.mirror.routes)
+    high, low = world.streams
+    producer = KafkaProducer(settings.kafka, linger_ms=0)
+    ids: set[str] = set()
+    async with producer:
+        for queue, priority, partitions in ((high, 1, 2), (low, 0, 4)):
+            wanted = set(range(partitions))
+            n = 0
+            while wanted:
+                n += 1
+                task: dict[str, Any] = {"id": f"{world.unique}-{priority}-{n}", "priority": 0}
+                task["doc_id"] = f"doc-{priority}-{n}"
+                route = routes.route(task, priority)
+                partition = (murmur2(route.key.encode()) & 0x7FFFFFFF) % partitions
+                if partition not in wanted:
+                    continue
+                wanted.discard(partition)
+                headers = served_headers(queue, task, route)
+                await producer.send(route.topic, task, key=route.key, headers=headers)
+                ids.add(task["id"])
+    return ids
+
+
+async def test_a_fetch_in_flight_across_a_rebalance_skips_no_task(
+    stack: LocalStack, unique: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A member's fetch that was waiting when the group rebalanced returns records of the
+    partitions it was given back: they are its own, to hand out, not a revoked owner's.
+
+    The fetch waits 30 s here so that it certainly spans the second member's join; with the
+    production 500 ms it does whenever tasks arrive within that much of a rebalance (a fresh
+    executor pair, as in test_serve_gate, lost the first task of a document that way).
+    """
+    monkeypatch.setattr(consumer_module, "_FETCH_TIMEOUT_MS", 30_000)
+    world = await make_world(stack, unique, tmp_path, KAFKA_SERVE_PERCENT="100")
+    settings = world.settings(SERVE_SESSION_TIMEOUT_MS="6000")
+    routes, keys = RouteTable(settings.mirror.routes), Keys(unique)
+    client = valkey.Valkey.from_url(stack.valkey.url)
+    members = [
+        ServeConsumer(settings, routes, keys, lambda: client, Recorder(), name)
+        for name in ("task_executor_common_r_0", "task_executor_common_r_1")
+    ]
+    taken: Counter[str] = Counter()
+    by_member: Counter[int] = Counter()
+
+    def take_all() -> None:
+        for index, member in enumerate(members):
+            for queue in world.streams:
+                while (task := member.take(queue)) is not None:
+                    taken[task.task_id] += 1
+                    by_member[index] += 1
+                    task.ack()
+
+    try:
+        await members[0].start()
+        await world.wait_members(1)
+        await members[1].start()  # the first member's fetch is waiting: it spans the join
+        await world.wait_members(2)
+        ids = await _one_task_per_partition(world, settings)
+
+        async def all_taken() -> bool:
+            take_all()
+            return ids <= taken.keys()
+
+        try:
+            await wait_until(all_taken, 20, interval_s=0.05, what=f"{len(ids)} tasks handed out")
+        except AssertionError:
+            missing = sorted(ids - taken.keys())
+            raise AssertionError(f"never handed out: {missing} (taken: {dict(taken)})") from None
+        take_all()  # a second copy of one would have been fetched with the rest
+    finally:
+        for member in members:
+            await member.stop()
+        client.close()
+    assert taken == Counter(dict.fromkeys(ids, 1)), taken
+    assert by_member[0] and by_member[1], "the rebalance did not split the partitions"
