@@ -321,10 +321,17 @@ class ShadowConsumer(Lifecycle):
         taken, self._unrecorded = self._unrecorded, []
         size = self.settings.shadow.join_batch
         try:
-            for start in range(0, len(taken), size):
-                await self._record_runs(taken[start : start + size])
+            # Side by side, as the judge coalesces them: one after the other, SHADOW_JOIN_BATCH=1
+            # made a round trip per record in turn (200 verdicts/s where it gave 1,300).
+            outcomes = await asyncio.gather(
+                *(self._record_runs(taken[at : at + size]) for at in range(0, len(taken), size)),
+                return_exceptions=True,
+            )
         finally:
             self._to_record -= len(taken)
+        failure = next((outcome for outcome in outcomes if outcome is not None), None)
+        if failure is not None:
+            raise failure
 
     async def _record_runs(self, runs: list[tuple[QueueMessage, EntryRef, dict[str, Any]]]) -> None:
         arrivals = [
