@@ -43,9 +43,9 @@ from sidecar.transport.valkey_client import create_client, translate_valkey_erro
 from sidecar.verdicts.judge import Judge
 from sidecar.verdicts.progress import ShadowProgress
 
-# The codec of the sidecar's own records (verdicts, dead letters), whatever the task topics'
-# KAFKA_COMPRESSION_TYPE: one verdict per task, and gzip (aiokafka's, at level 9) cost a
-# twentieth of the CPU of a verdict; lz4 compresses them about as well for a fraction of it.
+# The codec of the compare side's records (verdicts, the shadow's dead letters), whatever the
+# task topics' KAFKA_COMPRESSION_TYPE: one verdict per task, and gzip (aiokafka's, at level 9)
+# cost a twentieth of a verdict's CPU; lz4 compresses them about as well for a fraction of it.
 PUBLISHER_COMPRESSION = "lz4"
 
 # A bounded socket timeout keeps a hung server from stalling an observer round for ever.
