@@ -45,7 +45,8 @@ from sidecar.verdicts.progress import ShadowProgress
 
 # The codec of the compare side's records (verdicts, the shadow's dead letters), whatever the
 # task topics' KAFKA_COMPRESSION_TYPE: one verdict per task, and gzip (aiokafka's, at level 9)
-# cost a twentieth of a verdict's CPU; lz4 compresses them about as well for a fraction of it.
+# cost a twentieth of a verdict's CPU. lz4 takes a twentieth of gzip's time on 200 verdicts, for
+# a ratio of 15x against gzip's 26x.
 PUBLISHER_COMPRESSION = "lz4"
 
 # A bounded socket timeout keeps a hung server from stalling an observer round for ever.
