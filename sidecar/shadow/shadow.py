@@ -407,8 +407,7 @@ class ShadowConsumer(Lifecycle):
         enqueued = int_or_none(message.header_text("x-timestamp"))
         queue_wait_ms = started_ms - enqueued if enqueued is not None else None
         facts = {
-            "task_id": message.header_text("x-task-id")
-            or (str(task.get("id")) if task else None),
+            "task_id": message.header_text("x-task-id") or (str(task.get("id")) if task else None),
             "task_type": message.header_text("x-task-type"),
             "priority": int_or_none(message.header_text("x-priority")),
             "stream": ref.stream,

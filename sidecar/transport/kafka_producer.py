@@ -81,19 +81,34 @@ class KafkaProducer(MessageQueueProducer):
         if self._producer is None:
             raise RuntimeError("producer is not started")
         pending: list[asyncio.Future[Any] | SidecarError] = []
+        # Keys a record of which send() refused for a passing reason, to be sent again: their
+        # later records are held back too. send() gives up on a record when its partition's
+        # batch stays full for the request timeout, and the batch may drain a moment later:
+        # the next record of the key would be written first, before the retry of this one.
+        refused: set[tuple[str, bytes | None]] = set()
         for message in messages:
+            place = (message.destination, message.key_bytes())
+            if place in refused:
+                pending.append(
+                    RetriableMessageQueueError(
+                        f"held back: an earlier record of its key for {message.destination} "
+                        "was not taken"
+                    )
+                )
+                continue
             try:
                 # send() only enqueues; awaiting the returned future waits for the broker's ack.
                 future = await self._producer.send(
                     message.destination,
                     message.value_bytes(),
-                    key=message.key_bytes(),
+                    key=place[1],
                     headers=message.headers or None,
                 )
             except kafka_errors.KafkaError as exc:
-                pending.append(
-                    translate_kafka_error(exc, f"send to {message.destination}", self._where)
-                )
+                error = translate_kafka_error(exc, f"send to {message.destination}", self._where)
+                if error.retriable:
+                    refused.add(place)
+                pending.append(error)
                 continue
             pending.append(future)
         # aiokafka can leave a future pending for as long as a dead broker's connection looks
