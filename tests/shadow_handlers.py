@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import uuid
@@ -36,3 +37,17 @@ def stall_until_released(task: dict[str, Any], meta: TaskMeta) -> dict[str, Any]
     """Hangs until the test sets ``RELEASE`` (at most a minute), then answers as ``noop``."""
     RELEASE.wait(60)
     return {"id": task.get("id")}
+
+
+# Task ids whose first kafka run is slow: a test adds them (the sidecar runs in its process).
+SLOW_FIRST_KAFKA_RUN: set[str] = set()
+
+
+async def slow_first_kafka_run(task: dict[str, Any], meta: TaskMeta) -> dict[str, Any]:
+    """As ``ragflow``; the first kafka run of a task in ``SLOW_FIRST_KAFKA_RUN`` takes a second,
+    so that a second copy of its entry is recorded first."""
+    task_id = str(task.get("id"))
+    if meta.path == "kafka" and task_id in SLOW_FIRST_KAFKA_RUN:
+        SLOW_FIRST_KAFKA_RUN.discard(task_id)
+        await asyncio.sleep(1.0)
+    return ragflow_dry_run(task, meta)

@@ -20,6 +20,7 @@ from sidecar.transport.base import OutgoingMessage
 from sidecar.transport.message import QueueMessage
 from sidecar.transport.topics import init_topics
 from tests.mirror_support import RAGFLOW_GROUP, ragflow_worker
+from tests.shadow_handlers import SLOW_FIRST_KAFKA_RUN
 from tests.shadow_support import read_verdicts, running_sidecar, sidecar_settings
 from tests.test_shadow import enqueue, finals
 
@@ -45,7 +46,11 @@ def _document_tasks(doc: str, memory: str, round_: int) -> list[tuple[int, dict[
 
 
 async def _run(
-    settings: Settings, client: avalkey.Valkey, unique: str, transform: Any = None
+    settings: Settings,
+    client: avalkey.Valkey,
+    unique: str,
+    transform: Any = None,
+    handler: str = "noop",
 ) -> tuple[dict[tuple[str, str], dict[str, Any]], dict[tuple[str, str], str]]:
     await init_topics(settings.kafka)
     high, low = f"{unique}.1", f"{unique}.0"
@@ -62,7 +67,7 @@ async def _run(
     counts = Counter(
         streams[p] for _ in range(3) for _ in docs for p, _ in _document_tasks("d", "m", 0)
     )
-    config = sidecar_settings(settings, [high, low], unique, SHADOW_HANDLER="noop")
+    config = sidecar_settings(settings, [high, low], unique, SHADOW_HANDLER=handler)
     async with running_sidecar(config, transform=transform):
         await asyncio.gather(
             ragflow_worker(client, high, counts[high]), ragflow_worker(client, low, counts[low])
@@ -113,3 +118,43 @@ async def test_entries_reordered_within_a_partition_are_a_mismatch(
     others = Counter(v["verdict"] for k, v in by_entry.items() if k != (f"{unique}.0", first))
     assert others == {"match": 161}, others
     assert by_entry[f"{unique}.0", second]["verdict"] == "match"
+
+
+async def test_a_second_copy_of_an_entry_in_hand_is_not_an_order_mismatch(
+    settings: Settings, valkey_client: avalkey.Valkey, unique: str
+) -> None:
+    """A replay read right behind the first copy: Kafka holds e1, e2, e1 for one key. Both
+    copies of e1 are processed (the first is still in hand), and the join keeps the one
+    recorded first: the copy, whose handler is quick. It comes after e2 by nature, which is
+    not the mirror reordering anything."""
+    copied: list[str] = []
+    first: dict[str, OutgoingMessage] = {}
+
+    def copy_after_the_next(
+        message: QueueMessage, record: OutgoingMessage
+    ) -> list[OutgoingMessage]:
+        task_type = dict(record.headers).get("x-task-type")
+        if message.topic != f"{unique}.0" or task_type != b"parse" or len(copied) >= 2:
+            return [record]
+        key = str(record.key)
+        if not copied:
+            first[key] = record
+            copied.append(message.id)
+            SLOW_FIRST_KAFKA_RUN.add(dict(record.headers)["x-task-id"].decode())
+            return [record]
+        if key in first:
+            copied.append(message.id)
+            return [record, first.pop(key)]
+        return [record]
+
+    by_entry, _ = await _run(
+        settings,
+        valkey_client,
+        unique,
+        copy_after_the_next,
+        handler="tests.shadow_handlers:slow_first_kafka_run",
+    )
+    assert len(copied) == 2 and not SLOW_FIRST_KAFKA_RUN  # the copy was made and run
+    copy = by_entry[f"{unique}.0", copied[0]]
+    assert copy["verdict"] == "match", copy
+    assert Counter(v["verdict"] for v in by_entry.values()) == {"match": 162}

@@ -30,6 +30,7 @@ from sidecar.errors import MessageDecodeError, SidecarError
 from sidecar.lifecycle import Lifecycle
 from sidecar.shadow.dedup import Claim, claim_entries
 from sidecar.shadow.handlers import HandlerResult, NamedHandler, TaskMeta, load_handler, run_handler
+from sidecar.shadow.recording import KafkaRunRecorder
 from sidecar.shadow.records import (
     dead_letter_of,
     decode_record,
@@ -41,13 +42,12 @@ from sidecar.shadow.records import (
 )
 from sidecar.shadow.replay import value_sha
 from sidecar.shadow.trace import kafka_run_facts, traced
-from sidecar.transport import fastjson
 from sidecar.transport.coalesce import Coalescer
 from sidecar.transport.kafka import KafkaConsumer, KafkaProducer
 from sidecar.transport.message import QueueMessage
 from sidecar.transport.served import is_served
 from sidecar.transport.valkey_client import translate_valkey_errors
-from sidecar.verdicts.join import ALIVE_PREFIX, Arrival, EntryRef
+from sidecar.verdicts.join import ALIVE_PREFIX, EntryRef
 from sidecar.verdicts.judge import Judge, digest_or_none
 
 logger = logging.getLogger(__name__)
@@ -133,19 +133,14 @@ class ShadowConsumer(Lifecycle):
             settings.shadow.join_batch,
         )
         self._order = OrderTracker()
-        # Kafka runs on their way to the join: those not yet taken by a batch, and the tasks
-        # recording the batches (one per turn of the loop in which handlers finished).
-        self._unrecorded: list[tuple[QueueMessage, EntryRef, dict[str, Any]]] = []
-        self._recording: set[asyncio.Task[None]] = set()
-        self._to_record = 0  # runs handed to _record_later and not yet recorded
+        self._ordered: dict[EntryRef, str | None] = {}  # entries in hand: their order verdict
+        self._runs = KafkaRunRecorder(judge, settings.shadow.join_batch, self._count_duplicate)
         self._priority_topics = [t for t in topics if t == routes.priority_parse_topic]
         self._pinned = False  # SHADOW_START=latest positions committed once per start
 
     async def _start(self) -> None:
         self._pinned = False
-        # Runs left from a run that was cancelled are delivered again: their offsets were not
-        # committed.
-        self._unrecorded, self._to_record = [], 0
+        self._runs.reset()
         await self._consumer.start()
 
     async def _stop(self) -> None:
@@ -180,14 +175,14 @@ class ShadowConsumer(Lifecycle):
         recording_limit = max(self.settings.shadow.join_batch, limit)
         await self.pin_start()
         running: set[asyncio.Task[None]] = set()
-        recording = self._recording
+        recording = self._runs.tasks
         heartbeat = asyncio.create_task(self._heartbeat(stop), name="shadow-heartbeat")
         try:
             while not stop.is_set() and not heartbeat.done():
                 self.stats.turns += 1
                 reap(recording)
                 full = running if len(running) >= limit else None
-                if self._to_record >= recording_limit and recording:
+                if self._runs.waiting >= recording_limit and recording:
                     full = recording
                 if full is not None:
                     await asyncio.wait(full, return_when=asyncio.FIRST_COMPLETED)
@@ -206,13 +201,14 @@ class ShadowConsumer(Lifecycle):
                     # Order is judged in consumption order, before tasks run concurrently, and
                     # only where promised: one stream's entries of one key in one partition.
                     named = mirror_ref(message)
-                    place = order_key(message, named.stream) if named else ""
-                    violation = self._order.observe(place, named.entry_id) if named else None
-                    after = str(violation.right) if violation is not None else None
+                    after = self._order_of(message, named)
                     work = self._process(message, named, after, stop)
                     if self._tracing.enabled:
                         work = traced(self._tracing, message, self.settings.shadow.group, work)
-                    running.add(asyncio.create_task(work))
+                    task = asyncio.create_task(work)
+                    running.add(task)
+                    if named is not None:
+                        task.add_done_callback(functools.partial(self._forget_order, named))
                 reap(running)
                 self.stats.in_flight = len(running)  # handlers running: the slots in use
             if heartbeat.done():
@@ -229,6 +225,27 @@ class ShadowConsumer(Lifecycle):
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
+
+    def _order_of(self, message: QueueMessage, ref: EntryRef | None) -> str | None:
+        """The later entry of the same key consumed before this record's entry, if any."""
+        if ref is None:
+            return None
+        if ref in self._ordered:
+            # A second copy of an entry being processed here (a replay read right behind the
+            # first): both are processed and the join keeps whichever is recorded first, so
+            # the first copy's order stands for both. The copy comes after later entries of
+            # its key by nature; taken as a violation, it made a false order mismatch.
+            return self._ordered[ref]
+        violation = self._order.observe(order_key(message, ref.stream), ref.entry_id)
+        after = str(violation.right) if violation is not None else None
+        self._ordered[ref] = after
+        return after
+
+    def _forget_order(self, ref: EntryRef, _: object) -> None:
+        self._ordered.pop(ref, None)
+
+    def _count_duplicate(self) -> None:
+        self.stats.duplicates += 1
 
     def _serve_priority_first(self, batch: list[QueueMessage]) -> None:
         if not self._priority_topics:
@@ -303,51 +320,8 @@ class ShadowConsumer(Lifecycle):
             self._on_processed(facts.get("queue_wait_ms"), result.elapsed_ms)
 
     def _record_later(self, message: QueueMessage, ref: EntryRef, facts: dict[str, Any]) -> None:
-        """Free the handler's slot: the kafka run is recorded with the others of this turn of
-        the event loop, by a task that :meth:`run` bounds, reaps and waits for."""
-        self._unrecorded.append((message, ref, facts))
-        self._to_record += 1
-        if len(self._unrecorded) == 1:  # the first of this turn: nobody is to take it yet
-            self._recording.add(asyncio.create_task(self._record_batch()))
-
-    async def _record_batch(self) -> None:
-        """Hand the kafka runs finished in this turn to the judge, in batches of at most
-        ``SHADOW_JOIN_BATCH``, then let each record's offset be committed.
-
-        For an entry whose kafka run is already recorded, the judge tells a redelivery of the
-        same record (nothing to say) from a second copy in Kafka (a ``duplicate`` verdict).
-        """
-        await asyncio.sleep(0)  # the handlers finishing in this turn join the batch
-        taken, self._unrecorded = self._unrecorded, []
-        size = self.settings.shadow.join_batch
-        try:
-            # Side by side, as the judge coalesces them: one after the other, SHADOW_JOIN_BATCH=1
-            # made a round trip per record in turn (200 verdicts/s where it gave 1,300).
-            outcomes = await asyncio.gather(
-                *(self._record_runs(taken[at : at + size]) for at in range(0, len(taken), size)),
-                return_exceptions=True,
-            )
-        finally:
-            self._to_record -= len(taken)
-        failure = next((outcome for outcome in outcomes if outcome is not None), None)
-        if failure is not None:
-            raise failure
-
-    async def _record_runs(self, runs: list[tuple[QueueMessage, EntryRef, dict[str, Any]]]) -> None:
-        arrivals = [
-            Arrival(
-                ref,
-                fastjson.dumps(facts, default=repr),
-                message.value or b"",
-                origin=f"{message.topic}:{message.partition}:{message.offset}",
-            )
-            for message, ref, facts in runs
-        ]
-        outcomes = await self._judge.record("kafka_run", arrivals)
-        for (message, _, _), outcome in zip(runs, outcomes, strict=True):
-            if outcome in ("duplicate", "duplicate_again"):
-                self.stats.duplicates += 1
-            await message.ack()
+        """Free the handler's slot: the kafka run is recorded with the others of this turn."""
+        self._runs.add(message, ref, facts)
 
     async def _run_with_retries(
         self,
