@@ -115,16 +115,16 @@ class Judge:
             await self._publish_duplicates(duplicates, token)
         return [outcome for outcome, _ in recorded]
 
-    async def decide(self, refs: list[EntryRef], token: str, *, timed_out: bool) -> None:
-        """Publish the verdicts of ``refs`` as their hashes hold them now; ``timed_out`` ones
-        only while ``token`` holds them (the sweeper's)."""
+    async def decide(self, refs: list[EntryRef], token: str) -> None:
+        """Publish the verdicts of ``refs`` (timed out, claimed by the sweeper with ``token``)
+        as their hashes hold them now, those ``token`` still holds."""
         with translate_valkey_errors("load joined records", self.where):
             loaded = await self.join.load(refs)
         decided: list[tuple[EntryRef, VerdictRecord]] = []
         for ref, fields in zip(refs, loaded, strict=True):
             if not fields:
                 continue  # expired meanwhile: nothing left to judge
-            if timed_out and fields.get("state", b"").decode() != token:
+            if fields.get("state", b"").decode() != token:
                 continue
             decided.append((ref, self.verdict_for(ref, fields)))
         await self._publish([(ref, record, "final") for ref, record in decided], token)

@@ -82,7 +82,7 @@ class Sweeper:
             with translate_valkey_errors("mark verdicts published", judge.where):
                 await judge.join.finish(done)
         if fresh:
-            await judge.decide(fresh, token, timed_out=True)
+            await judge.decide(fresh, token)
         return len(claimed)
 
     async def _cutoff(self, now_ms: int) -> int:
