@@ -11,7 +11,8 @@ ratio issue 13 asks for. Round trips are the requests this process sent to Valke
 a command or of a whole pipeline), counted on valkey-py's connections, divided by the verdicts.
 CPU per verdict (and per entry of the mirror alone) is this process's CPU time over the run:
 on a shared machine it varies less than the rates, and its ratio is the throughput ratio the two
-would have with a CPU each.
+would have with a CPU each. "Busy" is the rate times the CPU per item: the share of the run the
+process was on a CPU; the rest it waited on Valkey, Kafka or the machine.
 
 Targets (issue 13): >= 5,000 verdicts/s, or >= 0.3x the mirror alone, whichever the machine
 allows (both printed); <= 1.5 round trips per judged task. Exit 1 when the batched mode misses
@@ -154,7 +155,8 @@ async def main() -> int:
                 results[mode].append((rate, per_verdict, cpu_us))
                 print(
                     f"round {round_no + 1} {mode:>9}: {rate:8,.0f} verdicts/s, "
-                    f"{per_verdict:5.2f} Valkey round trips and {cpu_us:5.0f} µs CPU per verdict",
+                    f"{per_verdict:5.2f} Valkey round trips and {cpu_us:5.0f} µs CPU per verdict, "
+                    f"busy {rate * cpu_us / 1e6:.0%} of the time",
                     flush=True,
                 )
         stream = "bench.join.mirror"
@@ -171,7 +173,10 @@ async def main() -> int:
     cpu_of = {mode: min(c for _, _, c in runs) for mode, runs in results.items()}
     mirror_cpu_us = mirror_cpu.seconds * 1e6 / args.entries
     print(f"\n{args.entries:,} entries, MAX_CONCURRENT_TASKS={args.concurrency}, load {loadavg()}")
-    print(f"  mirror alone        {mirror:8,.0f} entries/s, {mirror_cpu_us:5.0f} µs CPU per entry")
+    print(
+        f"  mirror alone        {mirror:8,.0f} entries/s, {mirror_cpu_us:5.0f} µs CPU per entry, "
+        f"busy {mirror * mirror_cpu_us / 1e6:.0%} of the time"
+    )
     for mode in MODES:
         print(
             f"  run, join {mode:>9} {best[mode]:8,.0f} verdicts/s "
