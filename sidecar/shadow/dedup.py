@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 import valkey.asyncio as valkey
+from valkey.commands.core import AsyncScript
 
 from sidecar.transport.valkey_client import translate_valkey_errors
 from sidecar.verdicts.join import ALIVE_PREFIX, SEEN_PREFIX, EntryRef
@@ -35,9 +36,16 @@ return replies
 """
 
 
+def claim_script(client: valkey.Valkey) -> AsyncScript:
+    """The claims' script on ``client``: registered once, called per batch by EVALSHA."""
+    return client.register_script(_CLAIM)
+
+
 async def claim_entries(
     client: valkey.Valkey,
+    script: AsyncScript,
     entries: Sequence[tuple[EntryRef, str]],
+    *,
     me: bytes,
     ttl_s: int,
     ragflow: tuple[valkey.Valkey, str] | None = None,
@@ -48,11 +56,11 @@ async def claim_entries(
     case (every key free) is two commands for the whole batch, sent at once: one script for the
     claims and one MGET of the cancel keys (RAGFlow reads them with GET).
 
-    ``client`` is the state store's. The cancel keys are RAGFlow's: on ``client`` too unless
-    ``ragflow`` (RAGFlow's Valkey and its display URL) is given, a state store of its own."""
+    ``client`` is the state store's, ``script`` its :func:`claim_script`. The cancel keys are
+    RAGFlow's: on ``client`` too unless ``ragflow`` (RAGFlow's Valkey and its display URL) is
+    given, a state store of its own."""
     if not entries:
         return []
-    script = client.register_script(_CLAIM)
     cancel_keys = [key for _, key in entries]
     taken, cancelled = await asyncio.gather(
         script(keys=[_seen_key(ref) for ref, _ in entries], args=[me, ttl_s]),

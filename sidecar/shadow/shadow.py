@@ -28,7 +28,7 @@ from sidecar.config import Settings
 from sidecar.config.routing import RouteTable
 from sidecar.errors import MessageDecodeError, SidecarError
 from sidecar.lifecycle import Lifecycle
-from sidecar.shadow.dedup import Claim, claim_entries
+from sidecar.shadow.dedup import Claim, claim_entries, claim_script
 from sidecar.shadow.handlers import HandlerResult, NamedHandler, TaskMeta, load_handler, run_handler
 from sidecar.shadow.recording import KafkaRunRecorder
 from sidecar.shadow.records import (
@@ -126,6 +126,7 @@ class ShadowConsumer(Lifecycle):
             functools.partial(
                 claim_entries,
                 client,
+                claim_script(client),
                 me=self._instance.encode(),
                 ttl_s=settings.shadow.dedup_ttl_s,
                 ragflow=None if ragflow is None else (ragflow, settings.redis.display_url),

@@ -56,7 +56,7 @@ class QueueMessage:
 
     def header_text(self, name: str) -> str | None:
         """The last header (or Redis field) of that name as text, or ``None``."""
-        found = self._header_map.get(name)
+        found = self.header(name)
         return found.decode("utf-8", "replace") if found is not None else None
 
     async def ack(self) -> None:

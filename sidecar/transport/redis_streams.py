@@ -266,7 +266,6 @@ class RedisStreamConsumer(ClientOwner, MessageQueueConsumer):
         if len(batch) < max_records:
             batch += await self._fill(max_records - len(batch), timeout_ms)
         self._in_hand.update((message.topic, message.id) for message in batch)
-        self._in_hand.update((message.topic, message.id) for message in self._buffer)
         while self._deleted:
             stream, entry_id = self._deleted.pop()
             async with self._calls(f"XACK {stream}"):
@@ -312,7 +311,9 @@ class RedisStreamConsumer(ClientOwner, MessageQueueConsumer):
         arrived, _ = await self._read(
             {stream: b">" for stream in self._ordered(self._ready)}, wanted, wait_ms
         )
-        self._buffer.extend(arrived[wanted:])
+        buffered = arrived[wanted:]
+        self._buffer.extend(buffered)
+        self._in_hand.update((message.topic, message.id) for message in buffered)
         return arrived[:wanted]
 
     async def _claim(self, due: list[tuple[str, str]]) -> list[QueueMessage]:
