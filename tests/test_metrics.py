@@ -8,10 +8,13 @@ import urllib.request
 from urllib.error import HTTPError
 
 import valkey.asyncio as avalkey
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from sidecar.config import Settings
 from sidecar.telemetry.health import Health, HealthServer
-from sidecar.telemetry.metrics import SidecarMetrics
+from sidecar.telemetry.metrics import LatencyHistogram, SidecarMetrics
 from sidecar.transport.topics import init_topics
 from tests.conftest import free_port
 from tests.mirror_support import ragflow_tasks, ragflow_worker
@@ -88,7 +91,11 @@ async def test_metrics_of_a_running_sidecar(
         await enqueue(valkey_client, stream, ragflow_tasks(200))
         await worker
         assert sidecar.mirror is not None
-        mirrored = sum(sidecar.mirror.stats.mirrored.values())
+        stats = sidecar.mirror.stats
+        # The worker can be done before the mirror has put its last batch in Kafka.
+        while sum(stats.mirrored.values()) + sum(stats.skipped.values()) < 200:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        mirrored = sum(stats.mirrored.values())
         await read_verdicts(settings, {stream}, expected=mirrored)
         while sum(sidecar.judge.stats.verdicts.values()) < mirrored:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
@@ -132,3 +139,39 @@ async def test_counters_are_exported_at_zero_before_their_first_increment(
     for stage, reason in (("mirror", "not_json"), ("mirror", "too_large"),
                           ("shadow", "handler_failed"), ("shadow", "no_value")):  # fmt: skip
         assert sample(text, "ragflow_sidecar_dead_lettered_total", stage=stage, reason=reason) == 0
+    assert sample(text, "ragflow_sidecar_mirror_latency_milliseconds_count") == 0
+    for path in ("redis", "kafka"):
+        for histogram in ("queue_wait", "processing"):
+            name = f"ragflow_sidecar_{histogram}_milliseconds"
+            assert sample(text, f"{name}_count", path=path) == 0
+            assert sample(text, f"{name}_bucket", path=path, le="+Inf") == 0
+
+
+def test_latency_histograms_are_copied_to_opentelemetry_for_otlp() -> None:
+    reader = InMemoryMetricReader()
+    otlp = MeterProvider(metric_readers=[reader]).get_meter("t").create_histogram("processing")
+    registry = CollectorRegistry()
+    histogram = LatencyHistogram(
+        Histogram("processing_milliseconds", "d", ["path"], registry=registry),
+        {"path": ("redis", "kafka")},
+        otlp,
+    )
+    histogram.record(3.0, {"path": "kafka"})
+    histogram.record(5.0, {"path": "kafka"})
+    histogram.record(7.0, {"path": "elsewhere"})  # a value not known in advance
+    text = generate_latest(registry).decode()
+    assert sample(text, "processing_milliseconds_count", path="kafka") == 2
+    assert sample(text, "processing_milliseconds_sum", path="kafka") == 8
+    assert sample(text, "processing_milliseconds_count", path="redis") == 0
+    assert sample(text, "processing_milliseconds_count", path="elsewhere") == 1
+    data = reader.get_metrics_data()
+    assert data is not None
+    [points] = [
+        metric.data.data_points
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+    ]
+    by_path = {dict(point.attributes or {})["path"]: point for point in points}
+    assert (by_path["kafka"].count, by_path["kafka"].sum) == (2, 8.0)  # type: ignore[attr-defined]
+    assert by_path["elsewhere"].count == 1  # type: ignore[attr-defined]
