@@ -178,8 +178,9 @@ class KafkaConsumer(MessageQueueConsumer):
         if not self._commit_interval_s or now < self._next_commit_at:
             return
         self._next_commit_at = now + self._commit_interval_s
-        for tp in list(self._offsets):
-            await self._commit(tp)
+        # All partitions in one request: one by one, a shadow on 20 partitions made 40
+        # commits a second, each a round trip and a write to __consumer_offsets.
+        await self._commit(*self._offsets)
 
     async def nack(self, message: QueueMessage, delay_ms: int = 0) -> None:
         # The offset stays unfinished, so nothing past it is committed until it is acked.
@@ -282,16 +283,21 @@ class KafkaConsumer(MessageQueueConsumer):
         offsets = self._offsets.get(TopicPartition(topic, partition))
         return offsets.in_flight if offsets else 0
 
-    async def _commit(self, tp: TopicPartition) -> None:
+    async def _commit(self, *partitions: TopicPartition) -> None:
         # One commit at a time, never backwards: two acks racing must not move a partition back.
         async with self._commit_lock:
-            offsets = self._offsets.get(tp)
-            target = offsets.committable() if offsets else None
-            if target is None or target <= self._committed.get(tp, -1) or self._consumer is None:
+            targets: dict[TopicPartition, int] = {}
+            for tp in partitions:
+                offsets = self._offsets.get(tp)
+                target = offsets.committable() if offsets else None
+                if target is not None and target > self._committed.get(tp, -1):
+                    targets[tp] = target
+            if not targets or self._consumer is None:
                 return
-            with translate_kafka_errors(f"commit {tp.topic}[{tp.partition}]", self._where):
-                await self._consumer.commit({tp: target})
-            self._committed[tp] = target
+            named = ", ".join(f"{tp.topic}[{tp.partition}]" for tp in targets)
+            with translate_kafka_errors(f"commit {named}", self._where):
+                await self._consumer.commit(targets)
+            self._committed.update(targets)
 
     async def _partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         if self._on_revoke is not None and revoked:
