@@ -100,6 +100,35 @@ def rss_kib(pid: int) -> tuple[int, int] | None:
     return values.get("VmRSS", 0), values.get("VmHWM", 0)
 
 
+def process_cpu_s(pid: int | None) -> float:
+    """CPU seconds (user and system) a process has used, from ``/proc``; 0 when it is gone."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    # utime and stime, fields 14 and 15 of stat(5), counted after the command's ")".
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class StackCpu:
+    """CPU seconds the stack's Kafka broker and Valkey used while entered: on one machine they
+    share its CPUs with the sidecar, so they bound what it can do as much as its own CPU."""
+
+    def __init__(self, stack: LocalStack) -> None:
+        self._pids = {"kafka": stack.kafka.process.pid(), "valkey": stack.valkey.process.pid()}
+        self.seconds = dict.fromkeys(self._pids, 0.0)
+
+    def __enter__(self) -> StackCpu:
+        self._started = {name: process_cpu_s(pid) for name, pid in self._pids.items()}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for name, pid in self._pids.items():
+            self.seconds[name] += process_cpu_s(pid) - self._started[name]
+
+
 def mib(kib: float) -> str:
     return f"{kib / 1024:7.1f} MiB"
 

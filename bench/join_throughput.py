@@ -12,7 +12,9 @@ a command or of a whole pipeline), counted on valkey-py's connections, divided b
 CPU per verdict (and per entry of the mirror alone) is this process's CPU time over the run:
 on a shared machine it varies less than the rates, and its ratio is the throughput ratio the two
 would have with a CPU each. "Busy" is the rate times the CPU per item: the share of the run the
-process was on a CPU; the rest it waited on Valkey, Kafka or the machine.
+process was on a CPU; the rest it waited on Valkey, Kafka or the machine. The broker's and
+Valkey's CPU per item are printed too: on this one machine the three share its CPUs, so their
+sum bounds the rate on N CPUs at N / sum, however the sidecar's work were spread over processes.
 
 Targets (issue 13): >= 5,000 verdicts/s, or >= 0.3x the mirror alone, whichever the machine
 allows (both printed); <= 1.5 round trips per judged task. Exit 1 when the batched mode misses
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shutil
 import tempfile
 import time
@@ -35,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_common import (
+    StackCpu,
     alternating,
     bench_stack,
     fill,
@@ -102,17 +106,17 @@ class CpuTime:
 
 
 async def drain(
-    settings: Settings, count: int, trips: RoundTrips, observer: bool
+    settings: Settings, count: int, trips: RoundTrips, observer: bool, stack_cpu: StackCpu
 ) -> tuple[float, float, float]:
     """Verdicts per second from the start to the last verdict, round trips per verdict, and
-    this process's CPU microseconds per verdict."""
+    this process's CPU microseconds per verdict; the stack's CPU adds up in ``stack_cpu``."""
     stop = asyncio.Event()
     async with Sidecar(settings, observer=observer) as sidecar:
         assert sidecar.shadow is not None
         await sidecar.shadow.wait_ready()
         sent_before = trips.sent
         started = time.perf_counter()
-        with CpuTime() as cpu:
+        with CpuTime() as cpu, stack_cpu:
             loops = asyncio.create_task(sidecar.run(stop))
             while sum(sidecar.judge.stats.verdicts.values()) < count:
                 if loops.done():
@@ -142,28 +146,35 @@ async def main() -> int:
     try:
         await init_topics(run_settings(stack, "unused", "batched", 1).kafka)
         results: dict[str, list[tuple[float, float, float]]] = {mode: [] for mode in MODES}
+        stack_of: dict[str, dict[str, float]] = {}  # mode -> the stack's CPU µs per verdict
         with trips.counting():
             fill(stack.valkey.url, "bench.join.warmup", 2000)  # not counted
-            await drain(run_settings(stack, "bench.join.warmup", "batched", 20), 2000, trips, False)
+            warmup = run_settings(stack, "bench.join.warmup", "batched", 20)
+            await drain(warmup, 2000, trips, False, StackCpu(stack))
             for round_no, mode in alternating(args.rounds, list(MODES)):
                 stream = f"bench.join.{round_no}.{mode}"
                 fill(stack.valkey.url, stream, args.entries)
                 settings = run_settings(stack, stream, mode, args.concurrency)
+                stack_cpu = StackCpu(stack)
                 rate, per_verdict, cpu_us = await drain(
-                    settings, args.entries, trips, args.observer
+                    settings, args.entries, trips, args.observer, stack_cpu
                 )
                 results[mode].append((rate, per_verdict, cpu_us))
+                stack_us = {k: v * 1e6 / args.entries for k, v in stack_cpu.seconds.items()}
+                stack_of[mode] = min(stack_of.get(mode, stack_us), stack_us, key=_total)
                 print(
                     f"round {round_no + 1} {mode:>9}: {rate:8,.0f} verdicts/s, "
                     f"{per_verdict:5.2f} Valkey round trips and {cpu_us:5.0f} µs CPU per verdict, "
-                    f"busy {rate * cpu_us / 1e6:.0%} of the time",
+                    f"busy {rate * cpu_us / 1e6:.0%} of the time; {_stack_text(stack_us)}",
                     flush=True,
                 )
         stream = "bench.join.mirror"
         fill(stack.valkey.url, stream, args.entries)
         mirror_cpu = CpuTime()
         settings = run_settings(stack, stream, "batched", 1)
-        mirror = await mirror_rate(settings, args.entries, mirror_cpu)
+        mirror_stack = StackCpu(stack)
+        with mirror_stack:
+            mirror = await mirror_rate(settings, args.entries, mirror_cpu)
     finally:
         stack.down()
         shutil.rmtree(root, ignore_errors=True)
@@ -173,9 +184,10 @@ async def main() -> int:
     cpu_of = {mode: min(c for _, _, c in runs) for mode, runs in results.items()}
     mirror_cpu_us = mirror_cpu.seconds * 1e6 / args.entries
     print(f"\n{args.entries:,} entries, MAX_CONCURRENT_TASKS={args.concurrency}, load {loadavg()}")
+    mirror_stack_us = {k: v * 1e6 / args.entries for k, v in mirror_stack.seconds.items()}
     print(
         f"  mirror alone        {mirror:8,.0f} entries/s, {mirror_cpu_us:5.0f} µs CPU per entry, "
-        f"busy {mirror * mirror_cpu_us / 1e6:.0%} of the time"
+        f"busy {mirror * mirror_cpu_us / 1e6:.0%} of the time; {_stack_text(mirror_stack_us)}"
     )
     for mode in MODES:
         print(
@@ -185,6 +197,15 @@ async def main() -> int:
             "mirror's CPU per entry)"
         )
     print(f"  batched / unbatched: {best['batched'] / best['unbatched']:.2f}x verdicts/s")
+    cpus = os.cpu_count() or 1
+    machine_us = cpu_of["batched"] + _total(stack_of["batched"])
+    mirror_machine_us = mirror_cpu_us + _total(mirror_stack_us)
+    print(
+        f"  the machine's CPU per item, sidecar + Kafka + Valkey: run {machine_us:.0f} µs, mirror "
+        f"alone {mirror_machine_us:.0f} µs; on its {cpus} CPUs at most "
+        f"{cpus * 1e6 / machine_us:,.0f} verdicts/s ({mirror_machine_us / machine_us:.2f}x the "
+        "mirror's bound), however spread over processes"
+    )
     rate_ok = best["batched"] >= TARGET_RATE or best["batched"] >= TARGET_MIRROR_RATIO * mirror
     trips_ok = trips_of["batched"] <= TARGET_ROUND_TRIPS
     print(
@@ -193,6 +214,14 @@ async def main() -> int:
         f"{'met' if trips_ok else 'MISSED'}"
     )
     return 0 if rate_ok and trips_ok else 1
+
+
+def _total(stack_us: dict[str, float]) -> float:
+    return sum(stack_us.values())
+
+
+def _stack_text(stack_us: dict[str, float]) -> str:
+    return f"Kafka {stack_us['kafka']:.0f} µs, Valkey {stack_us['valkey']:.0f} µs CPU per item"
 
 
 if __name__ == "__main__":

@@ -72,6 +72,7 @@ class KafkaRunRecorder:
                 fastjson.dumps(facts, default=repr),
                 message.value or b"",
                 origin=f"{message.topic}:{message.partition}:{message.offset}",
+                value_sha=facts.get("value_sha") or "",
             )
             for message, ref, facts in runs
         ]

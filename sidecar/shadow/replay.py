@@ -75,7 +75,12 @@ class RedisRunRecorder:
             if traced:  # the record's producer context, for the verdict's span to link to
                 facts["traceparent"] = header_text(record.headers, "traceparent")
             arrivals.append(
-                Arrival(EntryRef(message.topic, message.id), fastjson.dumps(facts), message.value)
+                Arrival(
+                    EntryRef(message.topic, message.id),
+                    fastjson.dumps(facts),
+                    message.value,
+                    value_sha=facts["value_sha"],
+                )
             )
         await self._judge.record("redis_run", arrivals)
 

@@ -35,21 +35,31 @@ RecordOutcome = Literal[
 ]
 
 # One call per batch: KEYS open zset, then a hash per arrival. ARGV side, now_ms, ttl_s, claim
-# token, then per arrival its facts, value, member and origin. The origin (topic:partition:offset
-# of a kafka run) tells a redelivery of the same Kafka record (a shadow restart before its
-# commit) from a second copy of the entry (a mirror replay). One reply per arrival: its outcome,
-# or for ``decide`` the whole hash (HGETALL's pairs), which saves the judge a load.
+# token, then per arrival its facts, value, value's SHA-256, member and origin. The origin
+# (topic:partition:offset of a kafka run) tells a redelivery of the same Kafka record (a shadow
+# restart before its commit) from a second copy of the entry (a mirror replay). One reply per
+# arrival: its outcome, or for ``decide`` the fields a verdict reads (HGETALL's flat pairs), which
+# saves the judge a load. A side's task bytes are kept only while they may be needed: not when
+# the other side is there with the same bytes, and dropped once both are and agree; the reply
+# carries them only when the two differ (the payload comparator's diff).
 _RECORD = """
 local side, now_ms, ttl, token = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local other = 'redis_run'
+if side == 'redis_run' then other = 'kafka_run' end
 local replies = {}
 for i = 2, #KEYS do
   local key = KEYS[i]
-  local at = 4 + (i - 2) * 4
-  local facts, value, member, origin = ARGV[at + 1], ARGV[at + 2], ARGV[at + 3], ARGV[at + 4]
+  local at = 4 + (i - 2) * 5
+  local facts, value, sha = ARGV[at + 1], ARGV[at + 2], ARGV[at + 3]
+  local member, origin = ARGV[at + 4], ARGV[at + 5]
   local outcome = nil
   local existed = redis.call('EXISTS', key)
-  if redis.call('HEXISTS', key, side) == 1 then
-    if origin ~= '' and redis.call('HGET', key, side .. '_origin') == origin then
+  local have = {}
+  if existed == 1 then
+    have = redis.call('HMGET', key, side, side .. '_origin', 'state', other, other .. '_sha')
+  end
+  if have[1] then
+    if origin ~= '' and have[2] == origin then
       outcome = 'redelivery'
     elseif side == 'kafka_run' then
       redis.call('HINCRBY', key, 'kafka_deliveries', 1)
@@ -63,20 +73,30 @@ for i = 2, #KEYS do
     end
   end
   if not outcome then
-    redis.call('HSET', key, side, facts)
+    local same = sha ~= '' and have[5] == sha
+    -- This arrival completes the pair: it decides below, and the digests are no longer needed.
+    local deciding = side ~= 'worker' and have[4] and not have[3]
+    local fields = {side, facts}
     if origin ~= '' then
-      redis.call('HSET', key, side .. '_origin', origin)
+      fields[#fields + 1] = side .. '_origin'
+      fields[#fields + 1] = origin
     end
-    if value ~= '' then
-      redis.call('HSET', key, side .. '_value', value)
+    if sha ~= '' and not deciding then
+      fields[#fields + 1] = side .. '_sha'
+      fields[#fields + 1] = sha
     end
+    if value ~= '' and not same then
+      fields[#fields + 1] = side .. '_value'
+      fields[#fields + 1] = value
+    end
+    redis.call('HSET', key, unpack(fields))
     if side == 'kafka_run' then
       redis.call('HINCRBY', key, 'kafka_deliveries', 1)
     end
     if side ~= 'worker' and redis.call('HSETNX', key, 'created_ms', now_ms) == 1 then
       redis.call('ZADD', KEYS[1], now_ms, member)
     end
-    if redis.call('HEXISTS', key, 'state') == 0 then
+    if not have[3] then
       if side == 'worker' and existed == 0 then
         -- RAGFlow's delivery of a task the mirror never carries (outside the traffic share).
         redis.call('EXPIRE', key, 3600)
@@ -85,11 +105,25 @@ for i = 2, #KEYS do
       end
     end
     outcome = 'recorded'
-    if side ~= 'worker'
-       and redis.call('HEXISTS', key, 'redis_run') == 1
-       and redis.call('HEXISTS', key, 'kafka_run') == 1
-       and redis.call('HSETNX', key, 'state', token) == 1 then
-      outcome = redis.call('HGETALL', key)
+    if deciding then
+      redis.call('HSET', key, 'state', token)
+      local names = {'redis_run', 'kafka_run', 'worker', 'kafka_deliveries'}
+      if same then
+        redis.call('HDEL', key, other .. '_value', other .. '_sha')
+      else
+        redis.call('HDEL', key, other .. '_sha')
+        names[5] = 'redis_run_value'
+        names[6] = 'kafka_run_value'
+      end
+      local values = redis.call('HMGET', key, unpack(names))
+      local pairs = {}
+      for n = 1, #names do
+        if values[n] then
+          pairs[#pairs + 1] = names[n]
+          pairs[#pairs + 1] = values[n]
+        end
+      end
+      outcome = pairs
     end
   end
   replies[i - 1] = outcome
@@ -114,7 +148,8 @@ for i = 3, #KEYS do
     redis.call('HSET', key, field, 'done')
     if kind == 'final' then
       redis.call('ZREM', KEYS[1], member)
-      redis.call('HDEL', key, 'redis_run_value', 'kafka_run_value')
+      redis.call('HDEL', key, 'redis_run_value', 'kafka_run_value', 'redis_run_sha',
+                 'kafka_run_sha')
       redis.call('EXPIRE', key, ARGV[1])
     end
     redis.call('HINCRBY', KEYS[2], verdict, 1)
@@ -175,12 +210,14 @@ class EntryRef:
 
 @dataclass(frozen=True, slots=True)
 class Arrival:
-    """One side's record for one entry: JSON facts, and the raw task bytes if it has them."""
+    """One side's record for one entry: JSON facts, and the raw task bytes if it has them,
+    with their SHA-256 (hex), which tells the join whether both sides' bytes must be kept."""
 
     ref: EntryRef
     facts: bytes
     value: bytes = b""
     origin: str = ""  # where this copy was read (topic:partition:offset), for redeliveries
+    value_sha: str = ""
 
 
 class JoinStore:
@@ -203,7 +240,13 @@ class JoinStore:
             return []
         args: list[Any] = [side, now_ms, self._ttl_s, token]
         for arrival in arrivals:
-            args += [arrival.facts, arrival.value, arrival.ref.member, arrival.origin]
+            args += [
+                arrival.facts,
+                arrival.value,
+                arrival.value_sha,
+                arrival.ref.member,
+                arrival.origin,
+            ]
         keys = [OPEN_KEY, *(arrival.ref.key for arrival in arrivals)]
         replies = await self._record(keys=keys, args=args)
         return [
