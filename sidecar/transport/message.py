@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any, Protocol
 
 from sidecar.errors import MessageDecodeError
@@ -40,19 +39,27 @@ class QueueMessage:
     key: bytes | None = None
     headers: tuple[tuple[str, bytes], ...] = ()
     settler: MessageSettler | None = field(default=None, repr=False, compare=False)
+    # Made on first use and kept, by hand: Python 3.11's cached_property takes a lock per
+    # first read, which cost more than the parse of a header map (twice a message).
+    _payload: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
+    _header_map: dict[str, bytes] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
-    @cached_property
+    @property
     def payload(self) -> dict[str, Any]:
         """The value parsed as a JSON object; raises :class:`MessageDecodeError` otherwise."""
-        return decode_task(self.value)
-
-    @cached_property
-    def _header_map(self) -> dict[str, bytes]:
-        return dict(self.headers)  # the last of a name wins, as in header_text
+        payload = self._payload
+        if payload is None:
+            payload = self._payload = decode_task(self.value)
+        return payload
 
     def header(self, name: str) -> bytes | None:
         """The last header (or Redis field) of that name, or ``None``."""
-        return self._header_map.get(name)
+        by_name = self._header_map
+        if by_name is None:
+            by_name = self._header_map = dict(self.headers)  # the last of a name wins
+        return by_name.get(name)
 
     def header_text(self, name: str) -> str | None:
         """The last header (or Redis field) of that name as text, or ``None``."""
