@@ -33,8 +33,8 @@ from pathlib import Path
 
 import valkey
 import valkey.asyncio as avalkey
+from bench_common import bench_stack, fill, free_port, loadavg, whole_sidecar_settings
 
-from bench.bench_common import bench_stack, fill, free_port, loadavg, whole_sidecar_settings
 from sidecar.app.service import Sidecar
 from sidecar.config import Settings
 from sidecar.dev.local_stack import LocalValkey
