@@ -48,14 +48,6 @@ from sidecar.verdicts.progress import ShadowProgress
 # cost a twentieth of a verdict's CPU. lz4 takes a twentieth of gzip's time on 200 verdicts, for
 # a ratio of 15x against gzip's 26x.
 PUBLISHER_COMPRESSION = "lz4"
-# The largest batch of records per partition the compare side's producer builds (aiokafka's
-# max_batch_size, before compression). Its default, 16 KiB, holds ~23 verdicts: a judge's batch
-# of 200 verdicts went out as ~6 produce requests, and each request costs this process ~1 ms of
-# CPU in aiokafka, however few records it carries. At 512 KiB (~700 verdicts; half the dead
-# letters' bound, so that a batch stays under the broker's message.max.bytes of 1 MiB whatever
-# the codec adds) a judge's batch is one request: 135 requests per 20,000 verdicts instead of
-# ~900, and ~15 % less CPU per verdict (issue 13, docs/performance.md).
-PUBLISHER_BATCH_BYTES = 524_288
 
 # A bounded socket timeout keeps a hung server from stalling an observer round for ever.
 OBSERVER_SOCKET_TIMEOUT_S = 10
@@ -111,7 +103,6 @@ class CompareClients:
                 settings.kafka,
                 max_request_size=MAX_DLQ_BYTES,
                 compression_type=PUBLISHER_COMPRESSION,
-                max_batch_size=PUBLISHER_BATCH_BYTES,
             ),
             # The topics the shadow consumer reads (its commits are the evidence).
             ShadowProgress(settings.kafka, settings.shadow.group, TASK_TOPICS),

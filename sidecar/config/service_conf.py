@@ -32,6 +32,7 @@ KAFKA_FILE_KEYS: dict[str, str] = {
     "replication_factor": "KAFKA_REPLICATION_FACTOR",
     "compression_type": "KAFKA_COMPRESSION_TYPE",
     "linger_ms": "KAFKA_LINGER_MS",
+    "batch_bytes": "KAFKA_BATCH_BYTES",
     "request_timeout_ms": "KAFKA_REQUEST_TIMEOUT_MS",
 }
 MQ_FILE_KEYS: dict[str, str] = {

@@ -134,6 +134,8 @@ KAFKA = Table(
     Var("KAFKA_DEFAULT_PARTITIONS", "default_partitions", integer(1)),
     Var("KAFKA_REPLICATION_FACTOR", "replication_factor", integer(1, 32)),
     Var("KAFKA_LINGER_MS", "linger_ms", integer(0, 60000)),
+    # Up to the broker's default message.max.bytes (1 MiB): a batch is one record batch there.
+    Var("KAFKA_BATCH_BYTES", "batch_bytes", integer(1024, 1_048_576)),
     Var("KAFKA_REQUEST_TIMEOUT_MS", "request_timeout_ms", integer(1000)),
 )
 

@@ -49,6 +49,7 @@ class KafkaProducer(MessageQueueProducer):
             "enable_idempotence": True,
             "compression_type": self._settings.compression_type,
             "linger_ms": self._settings.linger_ms,
+            "max_batch_size": self._settings.batch_bytes,
             "partitioner": KeyPartitioner(),
         }
         options.update(self._overrides)

@@ -133,6 +133,11 @@ class KafkaSettings:
     replication_factor: int = 1
     compression_type: str | None = "gzip"
     linger_ms: int = 5
+    # The producer's largest batch per partition (aiokafka's max_batch_size; Kafka's
+    # batch.size), before compression. aiokafka's 16 KiB default made a produce request of
+    # every ~25 tasks, and a request costs ~1 ms of the producer's CPU however few records it
+    # carries: the mirror alone went from ~11,000 to ~15,500 tasks/s at 512 KiB.
+    batch_bytes: int = 524_288
     request_timeout_ms: int = 30000
 
     def client_kwargs(self) -> dict[str, Any]:
