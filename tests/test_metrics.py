@@ -13,6 +13,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from sidecar.config import Settings
+from sidecar.dev.local_stack import LocalValkey
 from sidecar.telemetry.health import Health, HealthServer
 from sidecar.telemetry.metrics import LatencyHistogram, SidecarMetrics
 from sidecar.transport.topics import init_topics
@@ -79,10 +80,16 @@ async def test_probes_follow_the_components() -> None:
 
 
 async def test_metrics_of_a_running_sidecar(
-    settings: Settings, valkey_client: avalkey.Valkey, unique: str
+    settings: Settings, valkey_client: avalkey.Valkey, unique: str, state_valkey: LocalValkey
 ) -> None:
+    # A state store of its own: in the shared one, this sidecar's sweeper would judge what
+    # earlier tests' killed sidecars left open, and count those verdicts too.
     stream, port, config = await metered_sidecar(
-        settings, valkey_client, unique, KAFKA_TRAFFIC_PERCENT="50"
+        settings,
+        valkey_client,
+        unique,
+        KAFKA_TRAFFIC_PERCENT="50",
+        SIDECAR_STATE_URL=f"redis://127.0.0.1:{state_valkey.port}/0",
     )
     base = f"http://127.0.0.1:{port}"
     async with running_sidecar(config) as sidecar:
