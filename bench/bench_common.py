@@ -128,6 +128,10 @@ class StackCpu:
         for name, pid in self._pids.items():
             self.seconds[name] += process_cpu_s(pid) - self._started[name]
 
+    def per_item_us(self, count: int) -> dict[str, float]:
+        """Each process's CPU microseconds per item, over ``count`` items."""
+        return {name: seconds * 1e6 / count for name, seconds in self.seconds.items()}
+
 
 def mib(kib: float) -> str:
     return f"{kib / 1024:7.1f} MiB"

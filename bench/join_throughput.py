@@ -160,7 +160,7 @@ async def main() -> int:
                     settings, args.entries, trips, args.observer, stack_cpu
                 )
                 results[mode].append((rate, per_verdict, cpu_us))
-                stack_us = {k: v * 1e6 / args.entries for k, v in stack_cpu.seconds.items()}
+                stack_us = stack_cpu.per_item_us(args.entries)
                 stack_of[mode] = min(stack_of.get(mode, stack_us), stack_us, key=_total)
                 print(
                     f"round {round_no + 1} {mode:>9}: {rate:8,.0f} verdicts/s, "
@@ -184,7 +184,7 @@ async def main() -> int:
     cpu_of = {mode: min(c for _, _, c in runs) for mode, runs in results.items()}
     mirror_cpu_us = mirror_cpu.seconds * 1e6 / args.entries
     print(f"\n{args.entries:,} entries, MAX_CONCURRENT_TASKS={args.concurrency}, load {loadavg()}")
-    mirror_stack_us = {k: v * 1e6 / args.entries for k, v in mirror_stack.seconds.items()}
+    mirror_stack_us = mirror_stack.per_item_us(args.entries)
     print(
         f"  mirror alone        {mirror:8,.0f} entries/s, {mirror_cpu_us:5.0f} µs CPU per entry, "
         f"busy {mirror * mirror_cpu_us / 1e6:.0%} of the time; {_stack_text(mirror_stack_us)}"

@@ -162,24 +162,22 @@ class LatencyHistogram:
         if len(labels) > 1:
             raise ValueError("a latency histogram has one label at most")
         self._label = next(iter(labels), None)
-        self._unlabelled = None if self._label is not None else histogram
-        self._children = {
-            value: histogram.labels(value) for values in labels.values() for value in values
-        }
         self._histogram = histogram
+        # By the label's value; an unlabelled histogram is its own only child.
+        self._children: dict[str | None, Histogram] = (
+            {None: histogram}
+            if self._label is None
+            else {value: histogram.labels(value) for value in labels[self._label]}
+        )
         self._otlp = otlp
 
     def record(self, value: float, attributes: Mapping[str, str] | None = None) -> None:
         """Add one observation; ``attributes`` holds the label's value, if it has one."""
-        if self._unlabelled is not None:
-            self._unlabelled.observe(value)
-        else:
-            assert attributes is not None and self._label is not None
-            label = attributes[self._label]
-            child = self._children.get(label)
-            if child is None:
-                child = self._children[label] = self._histogram.labels(label)
-            child.observe(value)
+        label = None if self._label is None else (attributes or {})[self._label]
+        child = self._children.get(label)
+        if child is None:
+            child = self._children[label] = self._histogram.labels(label)
+        child.observe(value)
         if self._otlp is not None:
             self._otlp.record(value, attributes)
 

@@ -18,6 +18,7 @@ from sidecar.errors import (
     MessageQueueError,
     ServerFullError,
     ServiceUnavailableError,
+    SidecarError,
 )
 from sidecar.transport.options import RedisSettings
 
@@ -116,32 +117,35 @@ class _ValkeyErrors:
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if exc is None:
-            return
-        action, where = self._action, self._where
-        if isinstance(exc, valkey_errors.AuthenticationError | valkey_errors.AuthorizationError):
-            raise AuthenticationError(f"Valkey at {where} refused our credentials: {exc}") from exc
-        if isinstance(exc, valkey_errors.ValkeyError):
-            reason = _reason(exc)
-            # A command refused inside a Lua script comes back as a plain error, not NOPERM.
-            if isinstance(exc, valkey_errors.NoPermissionError) or "ACL failure" in reason:
-                raise AuthenticationError(
-                    f"Valkey at {where}: the user may not {action} ({reason}); see docs/security.md"
-                ) from exc
-            if isinstance(exc, valkey_errors.OutOfMemoryError) or _OOM in reason:
-                # A write refused at maxmemory (noeviction), also from inside a Lua script.
-                raise ServerFullError(
-                    f"Valkey at {where} is at its maxmemory and refused to {action}: {reason}"
-                ) from exc
-            if isinstance(exc, valkey_errors.ConnectionError | valkey_errors.TimeoutError):
-                raise ServiceUnavailableError(
-                    f"cannot reach Valkey at {where} to {action}: {reason}"
-                ) from exc
-            raise MessageQueueError(f"Valkey at {where} failed to {action}: {reason}") from exc
+        if exc is not None:
+            translated = _translated(exc, self._action, self._where)
+            if translated is not None:
+                raise translated from exc
+
+
+def _translated(exc: BaseException, action: str, where: str) -> SidecarError | None:
+    """The sidecar's error for one of valkey-py's (or a socket's), naming ``action``; ``None``
+    for anything else, which goes on as it is."""
+    if isinstance(exc, valkey_errors.AuthenticationError | valkey_errors.AuthorizationError):
+        return AuthenticationError(f"Valkey at {where} refused our credentials: {exc}")
+    if not isinstance(exc, valkey_errors.ValkeyError):
         if isinstance(exc, OSError):
-            raise ServiceUnavailableError(
-                f"cannot reach Valkey at {where} to {action}: {exc}"
-            ) from exc
+            return ServiceUnavailableError(f"cannot reach Valkey at {where} to {action}: {exc}")
+        return None
+    reason = _reason(exc)
+    # A command refused inside a Lua script comes back as a plain error, not NOPERM.
+    if isinstance(exc, valkey_errors.NoPermissionError) or "ACL failure" in reason:
+        return AuthenticationError(
+            f"Valkey at {where}: the user may not {action} ({reason}); see docs/security.md"
+        )
+    if isinstance(exc, valkey_errors.OutOfMemoryError) or _OOM in reason:
+        # A write refused at maxmemory (noeviction), also from inside a Lua script.
+        return ServerFullError(
+            f"Valkey at {where} is at its maxmemory and refused to {action}: {reason}"
+        )
+    if isinstance(exc, valkey_errors.ConnectionError | valkey_errors.TimeoutError):
+        return ServiceUnavailableError(f"cannot reach Valkey at {where} to {action}: {reason}")
+    return MessageQueueError(f"Valkey at {where} failed to {action}: {reason}")
 
 
 async def ping(settings: RedisSettings) -> str:

@@ -38,10 +38,10 @@ RecordOutcome = Literal[
 # token, then per arrival its facts, value, value's SHA-256, member and origin. The origin
 # (topic:partition:offset of a kafka run) tells a redelivery of the same Kafka record (a shadow
 # restart before its commit) from a second copy of the entry (a mirror replay). One reply per
-# arrival: its outcome, or for ``decide`` the fields a verdict reads (HGETALL's flat pairs), which
-# saves the judge a load. A side's task bytes are kept only while they may be needed: not when
-# the other side is there with the same bytes, and dropped once both are and agree; the reply
-# carries them only when the two differ (the payload comparator's diff).
+# arrival: its outcome, or for ``decide`` the fields a verdict reads (flat pairs, as HGETALL
+# gives), which saves the judge a load. A side's task bytes are kept only while they may be
+# needed: not when the other side is there with the same bytes, and dropped once both are and
+# agree; the reply carries them only when the two differ (the payload comparator's diff).
 _RECORD = """
 local side, now_ms, ttl, token = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local other = 'redis_run'
@@ -89,6 +89,10 @@ for i = 2, #KEYS do
       fields[#fields + 1] = side .. '_value'
       fields[#fields + 1] = value
     end
+    if deciding then
+      fields[#fields + 1] = 'state'
+      fields[#fields + 1] = token
+    end
     redis.call('HSET', key, unpack(fields))
     if side == 'kafka_run' then
       redis.call('HINCRBY', key, 'kafka_deliveries', 1)
@@ -106,7 +110,6 @@ for i = 2, #KEYS do
     end
     outcome = 'recorded'
     if deciding then
-      redis.call('HSET', key, 'state', token)
       local names = {'redis_run', 'kafka_run', 'worker', 'kafka_deliveries'}
       if same then
         redis.call('HDEL', key, other .. '_value', other .. '_sha')
@@ -116,14 +119,14 @@ for i = 2, #KEYS do
         names[6] = 'kafka_run_value'
       end
       local values = redis.call('HMGET', key, unpack(names))
-      local pairs = {}
+      local found = {}
       for n = 1, #names do
         if values[n] then
-          pairs[#pairs + 1] = names[n]
-          pairs[#pairs + 1] = values[n]
+          found[#found + 1] = names[n]
+          found[#found + 1] = values[n]
         end
       end
-      outcome = pairs
+      outcome = found
     end
   end
   replies[i - 1] = outcome
