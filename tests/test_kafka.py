@@ -12,8 +12,9 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from sidecar.config import Settings
 from sidecar.errors import MessageQueueError, MessageTooLargeError, ServiceUnavailableError
-from sidecar.transport import KafkaConsumer, KafkaProducer, OutgoingMessage
+from sidecar.transport import KafkaConsumer, KafkaProducer, OutgoingMessage, SendResult
 from sidecar.transport.message import QueueMessage
+from sidecar.transport.partitioner import murmur2
 
 MakeTopic = Callable[[int], Awaitable[str]]
 
@@ -101,6 +102,29 @@ async def test_same_key_keeps_order_across_a_batch(
         ids = [m.payload["id"] for m in got if m.payload["doc_id"] == doc]
         assert ids == [f"{doc}-{n}" for n in range(50)]
         assert len({m.partition for m in got if m.payload["doc_id"] == doc}) == 1
+
+
+async def test_each_outcome_names_where_its_record_was_stored_across_many_batches(
+    settings: Settings, make_topic: MakeTopic, unique: str
+) -> None:
+    """A call is sent as explicit batches, several per partition when they pass
+    ``KAFKA_BATCH_BYTES``: each outcome's partition is Kafka's placement of its key, and its
+    offset is where the consumer finds that very record."""
+    topic = await make_topic(4)
+    kafka = replace(settings.kafka, batch_bytes=1024)
+    ids = [(f"{doc}-{n}", f"doc-{doc}") for n in range(20) for doc in range(12)]
+    batch = [OutgoingMessage(topic, {"id": id_, "pad": "p" * 200}, key=key) for id_, key in ids]
+    async with KafkaProducer(kafka) as producer:
+        outcomes = await producer.send_many(batch)
+    stored: dict[tuple[int, int], str] = {}
+    for (id_, key), outcome in zip(ids, outcomes, strict=True):
+        assert isinstance(outcome, SendResult), outcome
+        assert outcome.partition == (murmur2(key.encode()) & 0x7FFFFFFF) % 4
+        stored[(outcome.partition, outcome.offset)] = id_
+    assert len(stored) == len(batch)
+    async with KafkaConsumer(kafka, [topic], unique) as consumer:
+        got = await poll_until(consumer, len(batch))
+    assert {(m.partition, m.offset): m.payload["id"] for m in got} == stored
 
 
 async def test_finishing_5_before_3_commits_only_up_to_3_and_restart_redelivers(

@@ -1,9 +1,14 @@
-"""The Kafka producer: ``acks="all"`` and ``enable_idempotence=True``.
+"""The Kafka producer: ``acks="all"`` and ``enable_idempotence=True``, explicit batches.
 
 aiokafka has neither ``retries`` nor ``max_in_flight_requests_per_connection`` (the seed design
 passes both): it keeps at most one in-flight batch per partition and retries it until
 ``request_timeout_ms``, and idempotence lets the broker drop a retried duplicate. Together they
 keep per-key order with no loss.
+
+``send_many`` builds each partition's batch itself (``create_batch``/``send_batch``) rather
+than calling ``send()`` per record: ``send()`` costs ~30 µs of CPU a record in metadata waits,
+partitioning and a future each, a built batch ~3 µs. A batch is taken or refused whole, and a
+partition's batches are queued one at a time, in call order.
 """
 
 from __future__ import annotations
@@ -16,8 +21,14 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka import errors as kafka_errors
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
-from sidecar.errors import MessageQueueError, RetriableMessageQueueError, SidecarError
+from sidecar.errors import (
+    MessageQueueError,
+    MessageTooLargeError,
+    RetriableMessageQueueError,
+    SidecarError,
+)
 from sidecar.transport.base import MessageQueueProducer, OutgoingMessage, SendResult
 from sidecar.transport.kafka_errors import (
     kafka_where,
@@ -29,9 +40,12 @@ from sidecar.transport.partitioner import KeyPartitioner
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_MAX_REQUEST_BYTES = 1_048_576  # aiokafka's default max_request_size
+
 
 class KafkaProducer(MessageQueueProducer):
-    """Idempotent, ``acks=all`` producer; ``send_many`` keeps every record of a batch in flight."""
+    """Idempotent, ``acks=all`` producer; ``send_many`` sends a call's records as one batch per
+    partition (more when one would pass ``KAFKA_BATCH_BYTES``), all in flight at once."""
 
     def __init__(self, settings: KafkaSettings, **overrides: Any) -> None:
         super().__init__()
@@ -39,6 +53,8 @@ class KafkaProducer(MessageQueueProducer):
         self._overrides = overrides
         self._producer: Any = None
         self._where = kafka_where(settings)
+        self._partitioner = KeyPartitioner()
+        self._max_request_bytes = int(overrides.get("max_request_size", DEFAULT_MAX_REQUEST_BYTES))
         timeout_ms = int(overrides.get("request_timeout_ms", settings.request_timeout_ms))
         self._delivery_timeout_s = (2 * timeout_ms + settings.linger_ms) / 1000 + 1
 
@@ -50,7 +66,8 @@ class KafkaProducer(MessageQueueProducer):
             "compression_type": self._settings.compression_type,
             "linger_ms": self._settings.linger_ms,
             "max_batch_size": self._settings.batch_bytes,
-            "partitioner": KeyPartitioner(),
+            "max_request_size": self._max_request_bytes,
+            "partitioner": self._partitioner,
         }
         options.update(self._overrides)
         try:
@@ -81,77 +98,180 @@ class KafkaProducer(MessageQueueProducer):
     ) -> list[SendResult | SidecarError]:
         if self._producer is None:
             raise RuntimeError("producer is not started")
-        pending: list[asyncio.Future[Any] | SidecarError] = []
-        # Keys a record of which send() refused for a passing reason, to be sent again: their
-        # later records are held back too. send() gives up on a record when its partition's
-        # batch stays full for the request timeout, and the batch may drain a moment later:
-        # the next record of the key would be written first, before the retry of this one.
-        refused: set[tuple[str, bytes | None]] = set()
-        for message in messages:
-            place = (message.destination, message.key_bytes())
-            if place in refused:
-                pending.append(
-                    RetriableMessageQueueError(
-                        f"held back: an earlier record of its key for {message.destination} "
-                        "was not taken"
+        if len(messages) == 1:
+            return [await self._send_one(messages[0])]
+        outcomes: list[SendResult | SidecarError | None] = [None] * len(messages)
+        batches = await self._build(messages, outcomes)
+        sent = await self._submit(batches, outcomes)
+        if sent:
+            # aiokafka can leave a future pending for as long as a dead broker's connection
+            # looks open; past the delivery timeout its records count as not taken and are sent
+            # again. Waiting on the last batch first usually finds the rest done already.
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self._delivery_timeout_s
+            await asyncio.wait([sent[-1][1]], timeout=self._delivery_timeout_s)
+            unfinished = [future for _, future in sent if not future.done()]
+            if unfinished and deadline > loop.time():
+                await asyncio.wait(unfinished, timeout=deadline - loop.time())
+        for batch, future in sent:
+            delivered = self._delivered(batch.topic, len(batch.indexes), future)
+            for index, outcome in zip(batch.indexes, delivered, strict=True):
+                outcomes[index] = outcome
+        return [outcome for outcome in outcomes if outcome is not None]
+
+    async def _send_one(self, message: OutgoingMessage) -> SendResult | SidecarError:
+        """One record through aiokafka's own batching: concurrent callers' records (RAGFlow's
+        threads through ``ragflow_mq``, the shadow's dead letters) share a partition's batch,
+        which one explicit batch a call would not."""
+        topic = message.destination
+        try:
+            future = await self._producer.send(
+                topic,
+                message.value_bytes(),
+                key=message.key_bytes(),
+                headers=message.headers or None,
+            )
+            await asyncio.wait([future], timeout=self._delivery_timeout_s)
+        except kafka_errors.KafkaError as exc:
+            return translate_kafka_error(exc, f"send to {topic}", self._where)
+        return self._delivered(topic, 1, future)[0]
+
+    async def _build(
+        self,
+        messages: Sequence[OutgoingMessage],
+        outcomes: list[SendResult | SidecarError | None],
+    ) -> list[_Batch]:
+        """Place each message in its partition's batch, in order; a message that cannot be
+        placed gets its error in ``outcomes``."""
+        producer = self._producer
+        partitions: dict[str, list[int] | SidecarError] = {}
+        open_batches: dict[tuple[str, int], _Batch] = {}
+        batches: list[_Batch] = []
+        for index, message in enumerate(messages):
+            topic = message.destination
+            known = partitions.get(topic)
+            if known is None:
+                known = partitions[topic] = await self._partitions_of(topic)
+            if isinstance(known, SidecarError):
+                outcomes[index] = known
+                continue
+            key, value = message.key_bytes(), message.value_bytes()
+            headers = list(message.headers)
+            size = DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers)
+            if size > self._max_request_bytes:
+                outcomes[index] = MessageTooLargeError(
+                    f"Kafka at {self._where} cannot send to {topic}: the record is {size} bytes, "
+                    f"more than the producer's max_request_size ({self._max_request_bytes})"
+                )
+                continue
+            available = () if key is not None else self._available(topic)
+            partition = self._partitioner(key, known, available)
+            batch = open_batches.get((topic, partition))
+            if batch is None or not batch.append(key, value, headers):
+                # A batch refuses a record past its size (the first always fits): the rest of
+                # the partition's records go in a new one, sent after it.
+                batch = _Batch(topic, partition, producer.create_batch())
+                batch.append(key, value, headers)
+                open_batches[(topic, partition)] = batch
+                batches.append(batch)
+            batch.indexes.append(index)
+        return batches
+
+    async def _submit(
+        self, batches: list[_Batch], outcomes: list[SendResult | SidecarError | None]
+    ) -> list[tuple[_Batch, asyncio.Future[Any]]]:
+        """Queue the batches in order; a partition whose batch is not taken has its later
+        batches held back, so none of its records is written before the one refused."""
+        sent: list[tuple[_Batch, asyncio.Future[Any]]] = []
+        refused: dict[tuple[str, int], SidecarError] = {}
+        for batch in batches:
+            place = (batch.topic, batch.partition)
+            error = refused.get(place)
+            if error is None:
+                # Closed, the batch goes out as soon as the partition is free: the call's
+                # records are the batch, so lingering for more would only add latency.
+                batch.builder.close()
+                try:
+                    future = await self._producer.send_batch(
+                        batch.builder, batch.topic, partition=batch.partition
                     )
+                except kafka_errors.KafkaError as exc:
+                    error = translate_kafka_error(exc, f"send to {batch.topic}", self._where)
+                    refused[place] = _held_back(error, batch.topic)
+                else:
+                    sent.append((batch, future))
+                    continue
+            for index in batch.indexes:
+                outcomes[index] = error
+        return sent
+
+    async def _partitions_of(self, topic: str) -> list[int] | SidecarError:
+        try:
+            known = await self._producer.partitions_for(topic)
+        except kafka_errors.KafkaError as exc:
+            return translate_kafka_error(exc, f"send to {topic}", self._where)
+        # Kafka's placement indexes the partitions in id order, as aiokafka's send() does.
+        return sorted(known)
+
+    def _available(self, topic: str) -> list[int]:
+        return sorted(self._producer.client.cluster.available_partitions_for_topic(topic))
+
+    def _delivered(
+        self, topic: str, count: int, future: asyncio.Future[Any]
+    ) -> list[SendResult | SidecarError]:
+        """The outcomes of the ``count`` records ``future`` stands for, in order."""
+        if not future.done():
+            return [
+                RetriableMessageQueueError(
+                    f"Kafka at {self._where} did not acknowledge a record for {topic} "
+                    f"within {self._delivery_timeout_s:.0f} s"
                 )
-                continue
-            try:
-                # send() only enqueues; awaiting the returned future waits for the broker's ack.
-                future = await self._producer.send(
-                    message.destination,
-                    message.value_bytes(),
-                    key=place[1],
-                    headers=message.headers or None,
-                )
-            except kafka_errors.KafkaError as exc:
-                error = translate_kafka_error(exc, f"send to {message.destination}", self._where)
-                if error.retriable:
-                    refused.add(place)
-                pending.append(error)
-                continue
-            pending.append(future)
-        # aiokafka can leave a future pending for as long as a dead broker's connection looks
-        # open; past the delivery timeout the record counts as not taken and is sent again.
-        futures = [item for item in pending if not isinstance(item, SidecarError)]
-        if futures:
-            # Waiting on the last record first usually finds the rest done already, and
-            # registers one callback instead of one per record.
-            deadline = asyncio.get_running_loop().time() + self._delivery_timeout_s
-            await asyncio.wait(futures[-1:], timeout=self._delivery_timeout_s)
-            unfinished = [future for future in futures if not future.done()]
-            remaining_s = deadline - asyncio.get_running_loop().time()
-            if unfinished and remaining_s > 0:
-                await asyncio.wait(unfinished, timeout=remaining_s)
-        outcomes: list[SendResult | SidecarError] = []
-        for message, item in zip(messages, pending, strict=True):
-            if isinstance(item, SidecarError):
-                outcomes.append(item)
-                continue
-            if not item.done():
-                outcomes.append(
-                    RetriableMessageQueueError(
-                        f"Kafka at {self._where} did not acknowledge a record for "
-                        f"{message.destination} within {self._delivery_timeout_s:.0f} s"
-                    )
-                )
-                continue
-            try:
-                metadata = item.result()
-            except kafka_errors.KafkaError as exc:
-                outcomes.append(
-                    translate_kafka_error(exc, f"send to {message.destination}", self._where)
-                )
-                continue
-            topic, partition, offset = metadata.topic, metadata.partition, metadata.offset
-            outcomes.append(SendResult(topic, f"{topic}:{partition}:{offset}", partition, offset))
-        return outcomes
+                for _ in range(count)
+            ]
+        try:
+            stored = future.result()
+        except kafka_errors.KafkaError as exc:
+            return [
+                translate_kafka_error(exc, f"send to {topic}", self._where) for _ in range(count)
+            ]
+        # A batch's records are stored at consecutive offsets from the one acknowledged.
+        partition, base = stored.partition, stored.offset
+        return [
+            SendResult(topic, f"{topic}:{partition}:{base + n}", partition, base + n)
+            for n in range(count)
+        ]
 
     async def flush(self) -> None:
         if self._producer is not None:
             with translate_kafka_errors("flush", self._where):
                 await self._producer.flush()
+
+
+class _Batch:
+    """One partition's records of a ``send_many`` call, in call order."""
+
+    __slots__ = ("builder", "indexes", "partition", "topic")
+
+    def __init__(self, topic: str, partition: int, builder: Any) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.builder = builder
+        self.indexes: list[int] = []  # the records' places in the call, in batch order
+
+    def append(self, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]]) -> bool:
+        """False when the batch is full."""
+        return (
+            self.builder.append(timestamp=None, key=key, value=value, headers=headers) is not None
+        )
+
+
+def _held_back(error: SidecarError, topic: str) -> SidecarError:
+    """The outcome of a record behind one of its partition that was not taken."""
+    if not error.retriable:
+        return error
+    return RetriableMessageQueueError(
+        f"held back: an earlier record of its partition of {topic} was not taken"
+    )
 
 
 async def _force_close(producer: AIOKafkaProducer) -> None:

@@ -24,11 +24,11 @@ RECORDS = 30
 async def test_a_record_send_refused_holds_back_the_later_records_of_its_key(
     own_broker: LocalKafka, unique: str
 ) -> None:
-    """The broker is frozen (SIGSTOP) with a request in flight; the partition's next batch fills
-    and aiokafka's ``send()`` gives up on a record after the request timeout. The broker is
-    thawed right then, so the batch drains and the following ``send()`` would succeed: before
-    the fix, records after the refused one were in Kafka before its retry (an ``order``
-    mismatch the migration really made). Now they are held back and retried with it."""
+    """The broker is frozen (SIGSTOP) with a request in flight; the partition's next batch
+    waits and aiokafka's ``send_batch()`` gives up on the one after it at the request timeout.
+    The broker is thawed right then, so the queue drains and the following batch would be
+    taken: records after the refused ones would be in Kafka before their retry (an ``order``
+    mismatch the migration really made). They are held back and retried with them."""
     settings = Settings.from_env(
         {"KAFKA_BOOTSTRAP_SERVERS": own_broker.bootstrap_servers, "KAFKA_LINGER_MS": "1"}
     )
@@ -39,7 +39,7 @@ async def test_a_record_send_refused_holds_back_the_later_records_of_its_key(
     await admin.close()
     pid = own_broker.process.pid()
     assert pid is not None
-    padding = "x" * 300  # two records a batch: the second batch fills while the first waits
+    padding = "x" * 300  # two records a batch: 15 batches of one partition, queued in turn
     records = [
         OutgoingMessage(topic, {"id": n, "padding": padding}, key="doc") for n in range(RECORDS)
     ]
@@ -52,7 +52,7 @@ async def test_a_record_send_refused_holds_back_the_later_records_of_its_key(
         warm = await producer.send_many([OutgoingMessage(topic, {"id": -1}, key="warm")])
         assert not [o for o in warm if isinstance(o, SidecarError)]
         aiokafka_producer: Any = producer._producer
-        send = aiokafka_producer.send
+        send = aiokafka_producer.send_batch
 
         async def send_then_thaw(*args: Any, **kwargs: Any) -> Any:
             try:
@@ -62,13 +62,13 @@ async def test_a_record_send_refused_holds_back_the_later_records_of_its_key(
                 os.kill(pid, signal.SIGCONT)  # the batch drains while the next record waits
                 raise
 
-        aiokafka_producer.send = send_then_thaw
+        aiokafka_producer.send_batch = send_then_thaw
         os.kill(pid, signal.SIGSTOP)
         try:
             outcomes = await producer.send_many(records)
         finally:
             os.kill(pid, signal.SIGCONT)
-        aiokafka_producer.send = send
+        aiokafka_producer.send_batch = send
         assert refused, "no record was refused: the fault did not happen"
         failed = [n for n, o in enumerate(outcomes) if isinstance(o, SidecarError)]
         assert failed
