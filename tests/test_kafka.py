@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from sidecar.config import Settings
-from sidecar.errors import MessageQueueError, MessageTooLargeError, ServiceUnavailableError
+from sidecar.errors import (
+    MessageQueueError,
+    MessageTooLargeError,
+    RetriableMessageQueueError,
+    ServiceUnavailableError,
+)
 from sidecar.transport import KafkaConsumer, KafkaProducer, OutgoingMessage, SendResult
 from sidecar.transport.message import QueueMessage
 from sidecar.transport.partitioner import murmur2
@@ -125,6 +132,47 @@ async def test_each_outcome_names_where_its_record_was_stored_across_many_batche
     async with KafkaConsumer(kafka, [topic], unique) as consumer:
         got = await poll_until(consumer, len(batch))
     assert {(m.partition, m.offset): m.payload["id"] for m in got} == stored
+
+
+async def test_a_partition_whose_batch_is_not_taken_does_not_hold_up_the_others(
+    settings: Settings, make_topic: MakeTopic, unique: str
+) -> None:
+    """aiokafka takes a partition's batch only once the one before it is on its way, which
+    waits as long as the partition's leader does not answer. That partition's records are
+    refused at the call's delivery timeout; the other partitions' records, later in the call,
+    are written meanwhile."""
+    topic = await make_topic(4)
+    keys = [f"doc-{n}" for n in range(40)]
+    stuck = (murmur2(keys[0].encode()) & 0x7FFFFFFF) % 4  # the call's first record's partition
+    batch = [OutgoingMessage(topic, {"id": n}, key=key) for n, key in enumerate(keys)]
+    waited: list[str] = []
+    async with KafkaProducer(settings.kafka, request_timeout_ms=1000) as producer:
+        aiokafka_producer: Any = producer._producer
+        send_batch = aiokafka_producer.send_batch
+
+        async def leader_away(builder: Any, topic: str, *, partition: int) -> Any:
+            if partition != stuck:
+                return await send_batch(builder, topic, partition=partition)
+            try:
+                await asyncio.Event().wait()  # the previous batch never drains
+            except asyncio.CancelledError:
+                waited.append("given up")
+                raise
+
+        aiokafka_producer.send_batch = leader_away
+        outcomes = await producer.send_many(batch)
+    assert waited == ["given up"]
+    on_stuck = [
+        n for n, key in enumerate(keys) if (murmur2(key.encode()) & 0x7FFFFFFF) % 4 == stuck
+    ]
+    for n, outcome in enumerate(outcomes):
+        if n in on_stuck:
+            assert isinstance(outcome, RetriableMessageQueueError), outcome
+        else:
+            assert isinstance(outcome, SendResult), outcome
+    async with KafkaConsumer(settings.kafka, [topic], unique) as consumer:
+        got = await poll_until(consumer, len(keys) - len(on_stuck))
+    assert sorted(m.payload["id"] for m in got) == [n for n in range(40) if n not in on_stuck]
 
 
 async def test_finishing_5_before_3_commits_only_up_to_3_and_restart_redelivers(

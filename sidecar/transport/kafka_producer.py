@@ -7,8 +7,9 @@ keep per-key order with no loss.
 
 ``send_many`` builds each partition's batch itself (``create_batch``/``send_batch``) rather
 than calling ``send()`` per record: ``send()`` costs ~30 µs of CPU a record in metadata waits,
-partitioning and a future each, a built batch ~3 µs. A batch is taken or refused whole, and a
-partition's batches are queued one at a time, in call order.
+partitioning and a future each, a built batch ~3 µs. A batch is taken or refused whole; a
+partition's batches are queued one at a time, in call order, the partitions side by side; all
+within the call's delivery timeout.
 """
 
 from __future__ import annotations
@@ -96,20 +97,31 @@ class KafkaProducer(MessageQueueProducer):
     async def send_many(
         self, messages: Sequence[OutgoingMessage]
     ) -> list[SendResult | SidecarError]:
-        if self._producer is None:
+        producer = self._producer  # stop() clears the attribute while a call may be waiting
+        if producer is None:
             raise RuntimeError("producer is not started")
         if len(messages) == 1:
-            return [await self._send_one(messages[0])]
+            return [await self._send_one(producer, messages[0])]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._delivery_timeout_s
         outcomes: list[SendResult | SidecarError | None] = [None] * len(messages)
-        batches = await self._build(messages, outcomes)
-        sent = await self._submit(batches, outcomes)
+        queues = await self._build(producer, messages, outcomes)
+        if len(queues) == 1:
+            sent = await self._submit(producer, queues[0], deadline, outcomes)
+        else:
+            # A partition's batch waits until the one before it is on its way, so a partition
+            # whose leader does not answer must not hold up the others: one task each.
+            async with asyncio.TaskGroup() as group:
+                submitting = [
+                    group.create_task(self._submit(producer, queue, deadline, outcomes))
+                    for queue in queues
+                ]
+            sent = [pair for task in submitting for pair in task.result()]
         if sent:
             # aiokafka can leave a future pending for as long as a dead broker's connection
             # looks open; past the delivery timeout its records count as not taken and are sent
             # again. Waiting on the last batch first usually finds the rest done already.
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + self._delivery_timeout_s
-            await asyncio.wait([sent[-1][1]], timeout=self._delivery_timeout_s)
+            await asyncio.wait([sent[-1][1]], timeout=max(deadline - loop.time(), 0))
             unfinished = [future for _, future in sent if not future.done()]
             if unfinished and deadline > loop.time():
                 await asyncio.wait(unfinished, timeout=deadline - loop.time())
@@ -117,15 +129,18 @@ class KafkaProducer(MessageQueueProducer):
             delivered = self._delivered(batch.topic, len(batch.indexes), future)
             for index, outcome in zip(batch.indexes, delivered, strict=True):
                 outcomes[index] = outcome
-        return [outcome for outcome in outcomes if outcome is not None]
+        results = [outcome for outcome in outcomes if outcome is not None]
+        if len(results) != len(messages):
+            raise RuntimeError("a record of the call was given no outcome")
+        return results
 
-    async def _send_one(self, message: OutgoingMessage) -> SendResult | SidecarError:
+    async def _send_one(self, producer: Any, message: OutgoingMessage) -> SendResult | SidecarError:
         """One record through aiokafka's own batching: concurrent callers' records (RAGFlow's
         threads through ``ragflow_mq``, the shadow's dead letters) share a partition's batch,
         which one explicit batch a call would not."""
         topic = message.destination
         try:
-            future = await self._producer.send(
+            future = await producer.send(
                 topic,
                 message.value_bytes(),
                 key=message.key_bytes(),
@@ -138,20 +153,20 @@ class KafkaProducer(MessageQueueProducer):
 
     async def _build(
         self,
+        producer: Any,
         messages: Sequence[OutgoingMessage],
         outcomes: list[SendResult | SidecarError | None],
-    ) -> list[_Batch]:
-        """Place each message in its partition's batch, in order; a message that cannot be
-        placed gets its error in ``outcomes``."""
-        producer = self._producer
+    ) -> list[list[_Batch]]:
+        """Place each message in its partition's batch, in order: the batches of each partition,
+        in the order they are to be sent. A message that cannot be placed gets its error in
+        ``outcomes``."""
         partitions: dict[str, list[int] | SidecarError] = {}
-        open_batches: dict[tuple[str, int], _Batch] = {}
-        batches: list[_Batch] = []
+        queues: dict[tuple[str, int], list[_Batch]] = {}
         for index, message in enumerate(messages):
             topic = message.destination
             known = partitions.get(topic)
             if known is None:
-                known = partitions[topic] = await self._partitions_of(topic)
+                known = partitions[topic] = await self._partitions_of(producer, topic)
             if isinstance(known, SidecarError):
                 outcomes[index] = known
                 continue
@@ -164,63 +179,72 @@ class KafkaProducer(MessageQueueProducer):
                     f"more than the producer's max_request_size ({self._max_request_bytes})"
                 )
                 continue
-            available = () if key is not None else self._available(topic)
+            available = () if key is not None else _available(producer, topic)
             partition = self._partitioner(key, known, available)
-            batch = open_batches.get((topic, partition))
-            if batch is None or not batch.append(key, value, headers):
+            queue = queues.get((topic, partition))
+            if queue is None:
+                queue = queues[(topic, partition)] = []
+            if not queue or not queue[-1].append(key, value, headers):
                 # A batch refuses a record past its size (the first always fits): the rest of
                 # the partition's records go in a new one, sent after it.
-                batch = _Batch(topic, partition, producer.create_batch())
-                batch.append(key, value, headers)
-                open_batches[(topic, partition)] = batch
-                batches.append(batch)
-            batch.indexes.append(index)
-        return batches
+                queue.append(_Batch(topic, partition, producer.create_batch()))
+                queue[-1].append(key, value, headers)
+            queue[-1].indexes.append(index)
+        return list(queues.values())
 
     async def _submit(
-        self, batches: list[_Batch], outcomes: list[SendResult | SidecarError | None]
+        self,
+        producer: Any,
+        queue: list[_Batch],
+        deadline: float,
+        outcomes: list[SendResult | SidecarError | None],
     ) -> list[tuple[_Batch, asyncio.Future[Any]]]:
-        """Queue the batches in order; a partition whose batch is not taken has its later
-        batches held back, so none of its records is written before the one refused."""
+        """Queue one partition's batches in order, each taken by ``deadline`` or not at all;
+        after one that is not taken the rest are held back, so none of their records is
+        written before the one refused."""
         sent: list[tuple[_Batch, asyncio.Future[Any]]] = []
-        refused: dict[tuple[str, int], SidecarError] = {}
-        for batch in batches:
-            place = (batch.topic, batch.partition)
-            error = refused.get(place)
-            if error is None:
-                # Closed, the batch goes out as soon as the partition is free: the call's
-                # records are the batch, so lingering for more would only add latency.
-                batch.builder.close()
-                try:
-                    future = await self._producer.send_batch(
+        for position, batch in enumerate(queue):
+            # Closed, the batch goes out as soon as the partition is free: the call's records
+            # are the batch, so lingering for more would only add latency.
+            batch.builder.close()
+            try:
+                # Cancelling is safe: aiokafka queues the batch in the step that returns.
+                async with asyncio.timeout_at(deadline):
+                    future = await producer.send_batch(
                         batch.builder, batch.topic, partition=batch.partition
                     )
-                except kafka_errors.KafkaError as exc:
-                    error = translate_kafka_error(exc, f"send to {batch.topic}", self._where)
-                    refused[place] = _held_back(error, batch.topic)
-                else:
-                    sent.append((batch, future))
-                    continue
-            for index in batch.indexes:
-                outcomes[index] = error
+            except TimeoutError:
+                error: SidecarError = RetriableMessageQueueError(
+                    f"Kafka at {self._where} did not take a batch for {batch.topic} within "
+                    f"{self._delivery_timeout_s:.0f} s"
+                )
+            except kafka_errors.KafkaError as exc:
+                error = translate_kafka_error(exc, f"send to {batch.topic}", self._where)
+            else:
+                sent.append((batch, future))
+                continue
+            held = _held_back(error, batch.topic)
+            for refused in queue[position:]:
+                for index in refused.indexes:
+                    outcomes[index] = error if refused is batch else held
+            break
         return sent
 
-    async def _partitions_of(self, topic: str) -> list[int] | SidecarError:
+    async def _partitions_of(self, producer: Any, topic: str) -> list[int] | SidecarError:
         try:
-            known = await self._producer.partitions_for(topic)
+            known = await producer.partitions_for(topic)
         except kafka_errors.KafkaError as exc:
             return translate_kafka_error(exc, f"send to {topic}", self._where)
         # Kafka's placement indexes the partitions in id order, as aiokafka's send() does.
         return sorted(known)
 
-    def _available(self, topic: str) -> list[int]:
-        return sorted(self._producer.client.cluster.available_partitions_for_topic(topic))
-
     def _delivered(
         self, topic: str, count: int, future: asyncio.Future[Any]
     ) -> list[SendResult | SidecarError]:
         """The outcomes of the ``count`` records ``future`` stands for, in order."""
-        if not future.done():
+        if not future.done() or future.cancelled():
+            # Given up on: its late failure is nobody's to read, and must not be logged as lost.
+            future.add_done_callback(_retrieve)
             return [
                 RetriableMessageQueueError(
                     f"Kafka at {self._where} did not acknowledge a record for {topic} "
@@ -234,8 +258,11 @@ class KafkaProducer(MessageQueueProducer):
             return [
                 translate_kafka_error(exc, f"send to {topic}", self._where) for _ in range(count)
             ]
-        # A batch's records are stored at consecutive offsets from the one acknowledged.
         partition, base = stored.partition, stored.offset
+        if base < 0:
+            # The broker had the batch already (a retried duplicate) and says not where.
+            return [SendResult(topic, f"{topic}:{partition}:-1", partition) for _ in range(count)]
+        # A batch's records are stored at consecutive offsets from the one acknowledged.
         return [
             SendResult(topic, f"{topic}:{partition}:{base + n}", partition, base + n)
             for n in range(count)
@@ -263,6 +290,15 @@ class _Batch:
         return (
             self.builder.append(timestamp=None, key=key, value=value, headers=headers) is not None
         )
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def _available(producer: Any, topic: str) -> list[int]:
+    return sorted(producer.client.cluster.available_partitions_for_topic(topic))
 
 
 def _held_back(error: SidecarError, topic: str) -> SidecarError:
