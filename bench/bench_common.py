@@ -29,6 +29,11 @@ from sidecar.transport.topics import DLQ_TOPIC, TASK_TOPICS, TOPIC_PLAN
 
 _SIDECAR_PREFIXES = ("KAFKA_", "MIRROR_", "REDIS_", "SHADOW_", "SIDECAR_", "OTEL_")
 
+# Issue 13's throughput target for `run`: this many verdicts/s, or this share of the mirror
+# alone measured in the same run, whichever the machine allows (join and e2e benches).
+TARGET_RATE = 5_000.0
+TARGET_MIRROR_RATIO = 0.3
+
 
 def free_port() -> int:
     with socket.socket() as sock:

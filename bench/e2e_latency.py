@@ -50,6 +50,8 @@ from typing import Any
 
 import valkey
 from bench_common import (
+    TARGET_MIRROR_RATIO,
+    TARGET_RATE,
     bench_stack,
     fill,
     free_port,
@@ -70,8 +72,6 @@ from sidecar.transport.topics import init_topics
 from sidecar.verdicts.model import VERDICT_COUNTS_KEY
 from sidecar.verdicts.reader import read_verdicts
 
-TARGET_RATE = 5_000  # issue 13: verdicts/s of `run`, or
-TARGET_MIRROR_RATIO = 0.3  # of the mirror alone, whichever the machine allows
 TARGET_P99_MS = 2_000  # XADD -> verdict at the offered rate, once the warm-up is behind
 
 
@@ -196,7 +196,7 @@ def compare_with_mirror(stack: LocalStack, entries: int, verdicts_per_s: float) 
     print(
         f"  mirror alone, same stack: {mirror:,.0f} entries/s over a backlog of {entries:,}; "
         f"run {verdicts_per_s:,.0f} verdicts/s = {verdicts_per_s / mirror:.2f}x the mirror "
-        f"(targets: >= {TARGET_RATE:,} verdicts/s, or >= {TARGET_MIRROR_RATIO}x the mirror)"
+        f"(targets: >= {TARGET_RATE:,.0f} verdicts/s, or >= {TARGET_MIRROR_RATIO}x the mirror)"
     )
 
 

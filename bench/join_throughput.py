@@ -38,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from bench_common import (
+    TARGET_MIRROR_RATIO,
+    TARGET_RATE,
     StackCpu,
     alternating,
     bench_stack,
@@ -54,8 +56,6 @@ from sidecar.dev.local_stack import LocalStack
 from sidecar.transport.topics import init_topics
 
 MODES: dict[str, dict[str, str]] = {"batched": {}, "unbatched": {"SHADOW_JOIN_BATCH": "1"}}
-TARGET_RATE = 5_000.0
-TARGET_MIRROR_RATIO = 0.3
 TARGET_ROUND_TRIPS = 1.5
 
 

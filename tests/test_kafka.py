@@ -21,7 +21,7 @@ from sidecar.errors import (
 )
 from sidecar.transport import KafkaConsumer, KafkaProducer, OutgoingMessage, SendResult
 from sidecar.transport.message import QueueMessage
-from sidecar.transport.partitioner import murmur2
+from sidecar.transport.partitioner import key_partition
 
 MakeTopic = Callable[[int], Awaitable[str]]
 
@@ -126,7 +126,7 @@ async def test_each_outcome_names_where_its_record_was_stored_across_many_batche
     stored: dict[tuple[int, int], str] = {}
     for (id_, key), outcome in zip(ids, outcomes, strict=True):
         assert isinstance(outcome, SendResult), outcome
-        assert outcome.partition == (murmur2(key.encode()) & 0x7FFFFFFF) % 4
+        assert outcome.partition == key_partition(key.encode(), 4)
         stored[(outcome.partition, outcome.offset)] = id_
     assert len(stored) == len(batch)
     async with KafkaConsumer(kafka, [topic], unique) as consumer:
@@ -143,7 +143,7 @@ async def test_a_partition_whose_batch_is_not_taken_does_not_hold_up_the_others(
     are written meanwhile."""
     topic = await make_topic(4)
     keys = [f"doc-{n}" for n in range(40)]
-    stuck = (murmur2(keys[0].encode()) & 0x7FFFFFFF) % 4  # the call's first record's partition
+    stuck = key_partition(keys[0].encode(), 4)  # the call's first record's partition
     batch = [OutgoingMessage(topic, {"id": n}, key=key) for n, key in enumerate(keys)]
     waited: list[str] = []
     async with KafkaProducer(settings.kafka, request_timeout_ms=1000) as producer:
@@ -162,9 +162,7 @@ async def test_a_partition_whose_batch_is_not_taken_does_not_hold_up_the_others(
         aiokafka_producer.send_batch = leader_away
         outcomes = await producer.send_many(batch)
     assert waited == ["given up"]
-    on_stuck = [
-        n for n, key in enumerate(keys) if (murmur2(key.encode()) & 0x7FFFFFFF) % 4 == stuck
-    ]
+    on_stuck = [n for n, key in enumerate(keys) if key_partition(key.encode(), 4) == stuck]
     for n, outcome in enumerate(outcomes):
         if n in on_stuck:
             assert isinstance(outcome, RetriableMessageQueueError), outcome

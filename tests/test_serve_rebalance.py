@@ -19,7 +19,7 @@ from sidecar.config import Settings
 from sidecar.config.routing import RouteTable
 from sidecar.dev.local_stack import LocalStack
 from sidecar.transport.kafka import KafkaProducer
-from sidecar.transport.partitioner import murmur2
+from sidecar.transport.partitioner import key_partition
 from tests.ragflow_support import wait_until
 from tests.serve_support import ServeWorld, make_world
 
@@ -40,7 +40,7 @@ async def _one_task_per_partition(world: ServeWorld, settings: Settings) -> set[
                 task: dict[str, Any] = {"id": f"{world.unique}-{priority}-{n}", "priority": 0}
                 task["doc_id"] = f"doc-{priority}-{n}"
                 route = routes.route(task, priority)
-                partition = (murmur2(route.key.encode()) & 0x7FFFFFFF) % partitions
+                partition = key_partition(route.key.encode(), partitions)
                 if partition not in wanted:
                     continue
                 wanted.discard(partition)

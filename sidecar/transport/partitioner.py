@@ -43,6 +43,11 @@ def murmur2(data: bytes) -> int:
     return h ^ (h >> 15)
 
 
+def key_partition(key: bytes, partitions: int) -> int:
+    """The partition (an index of ``partitions``) Kafka's default placement gives ``key``."""
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
 class KeyPartitioner:
     """aiokafka's ``partitioner`` hook: Kafka's default placement for keyed records."""
 
@@ -52,4 +57,4 @@ class KeyPartitioner:
         if key is None:
             # Unkeyed records (none on the mirror's path) go anywhere, as Kafka's default does.
             return random.choice(available or all_partitions)
-        return all_partitions[(murmur2(key) & 0x7FFFFFFF) % len(all_partitions)]
+        return all_partitions[key_partition(key, len(all_partitions))]
