@@ -1,39 +1,52 @@
-"""The executor's Kafka side: served records fetched ahead, handed out by RAGFlow's queue name.
+"""The executor's Kafka side: served records fetched when a slot can take them, claimed, and
+handed out by RAGFlow's queue name.
 
-One group member per executor process, in ``KAFKA_CONSUMER_GROUP``, reads every task topic
-(the priority parse topic first). A fetch task keeps at most ``SERVE_PREFETCH`` records
-waiting; ``take(queue)`` hands the next one of that queue to RAGFlow without waiting, and its
-``ack()`` marks it done; finished offsets are committed every ``SERVE_COMMIT_INTERVAL_MS``,
-contiguously, so a crash redelivers everything not yet done (at-least-once, as Redis's
-pending entries). Records without ``x-served`` are the mirror's copies: skipped. A record
-RAGFlow could not take (no JSON object with an id) or handed out more than
-``SERVE_MAX_ATTEMPTS`` times goes to the DLQ with its bytes and the reason.
+One group member per executor process reads every task topic, the priority parse topic first.
+It is not a static member (``group.instance.id``): aiokafka sends no LeaveGroup for one and
+cannot remove one by instance id, so each clean stop would leave its partitions unread for
+the session timeout (and ``drain-to-redis`` waiting); the claims below already keep a
+restart's rebalance from running anything twice. It fetches only as many records as RAGFlow's free
+slots can take (``SERVE_PREFETCH`` less the tasks in hand on either path) and keeps polling
+with its partitions paused while they are busy, so an hour-long task never makes the group
+think it is gone. Each served task is claimed by task id in the state store before it is
+handed out (``ragflow_mq.claims``): a record of a task another live executor holds is parked
+until that task is done or its holder is gone, so no rebalance, duplicate record or producer
+retry runs a task twice while its executor lives. ``take(queue)`` hands the next task to
+RAGFlow without waiting; its ``ack()`` marks it done, and finished offsets are committed every
+``SERVE_COMMIT_INTERVAL_MS``. Records without ``x-served`` are the mirror's copies: skipped.
+Only a record RAGFlow cannot take (no JSON object with an id) goes to the DLQ.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from ragflow_mq.contract import ATTEMPTS_TTL_S, QUEUE_HEADER, SERVED_HEADER, Keys
+from ragflow_mq.claims import Claim, Claims
+from ragflow_mq.contract import QUEUE_HEADER, SERVED_HEADER, Keys
+from ragflow_mq.dead_letters import DeadLetters
 from ragflow_mq.evidence import Recorder
 from sidecar.config import Settings
 from sidecar.config.routing import RouteTable
 from sidecar.errors import MessageDecodeError, SidecarError
-from sidecar.transport.dead_letter import dead_letter
-from sidecar.transport.kafka import KafkaConsumer, KafkaProducer
+from sidecar.transport.kafka import KafkaConsumer
 from sidecar.transport.message import QueueMessage, decode_task
 
 logger = logging.getLogger(__name__)
 
-_DLQ_MAX_BYTES = 1_000_000
 _FETCH_TIMEOUT_MS = 500
+# While every slot is busy: poll paused partitions this often (keeps the member in the group
+# and notices a free slot soon after RAGFlow's ack).
+_BUSY_POLL_MS = 100
+_RECHECK_S = 1.0  # parked records: is their task done, or its holder gone?
+
+Served = tuple[QueueMessage, dict[str, Any]]
 
 
 class KafkaTask:
@@ -57,7 +70,7 @@ class KafkaTask:
         return str(self._task.get("id"))
 
     def ack(self) -> bool:
-        """Mark the task done; its offset is committed with the next interval's commit."""
+        """Mark the task done; its done marker and offset are written in the background."""
         if not self._acked:
             self._acked = True
             self._owner.finished(self)
@@ -65,66 +78,95 @@ class KafkaTask:
 
 
 class ServeConsumer:
-    """Owns the Kafka consumer and the prefetch buffers; ``take``/``finished`` are thread-safe."""
+    """Owns the Kafka consumer, the claims and the buffers; ``take``/``finished`` are
+    thread-safe (RAGFlow calls them from its own thread)."""
 
     def __init__(  # noqa: PLR0917
         self,
         settings: Settings,
         routes: RouteTable,
         keys: Keys,
-        redis: Callable[[], Any],
+        store: Any,
         recorder: Recorder,
         consumer_name: str,
+        busy: Callable[[], int] = lambda: 0,
         on_finished: Callable[[str], None] = lambda task_id: None,
     ) -> None:
+        """``store``: the state store's asyncio client (the caller's, used on this loop);
+        ``busy()``: RAGFlow's slots filled by Redis tasks (they leave less room to fetch)."""
         self._settings = settings
         self._routes = routes
         self._keys = keys
-        self._redis = redis  # RAGFlow's own synchronous client, looked up at each use
+        self._store = store
         self._recorder = recorder
-        self._consumer_name = consumer_name
+        self.consumer_name = consumer_name
+        self._busy = busy
         self._on_finished = on_finished
         self._queues = tuple(settings.mirror.streams)
         self._lock = threading.Lock()
         self._buffers: dict[str, deque[KafkaTask]] = {queue: deque() for queue in self._queues}
         self._in_hand: dict[str, KafkaTask] = {}  # message id -> task handed out, not acked
-        self._buffered = 0
-        self._room = asyncio.Event()
+        self._finishing: set[str] = set()  # task ids acked, done marker not yet written
+        self._parked: dict[str, Served] = {}  # message id -> record whose task is held elsewhere
+        self._done: asyncio.Queue[KafkaTask] = asyncio.Queue()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._consumer: KafkaConsumer | None = None
-        self._dlq: KafkaProducer | None = None
-        self._stopping = False
+        self._claims: Claims | None = None
+        self._dlq: DeadLetters | None = None
+        self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._warned: set[str] = set()
-        # Partitions revoked since the last fetch returned: records of theirs still on their
-        # way to the buffers are now their new owner's, and must not be handed out here too.
+        # Partitions revoked since the last fetch returned: records of theirs claimed meanwhile
+        # are their new owner's, and are given back rather than handed out here.
         self._revoked_lately: set[tuple[str, int]] = set()
 
     async def start(self) -> None:
         serve = self._settings.serve
         self._loop = asyncio.get_running_loop()
-        self._room = asyncio.Event()
+        self._done = asyncio.Queue()
+        self._stopping = asyncio.Event()
+        self._claims = Claims(
+            self._store,
+            self._keys,
+            consumer_name=self.consumer_name,
+            incarnation=uuid.uuid4().hex[:12],
+            lease_s=serve.lease_s,
+            done_ttl_s=serve.done_ttl_s,
+            where=self._settings.state.display_url,
+        )
+        await self._claims.keep_alive()  # before any claim: a claim of ours must look alive
         self._consumer = KafkaConsumer(
             self._settings.kafka,
             self._routes.ordered_topics(),
             self._settings.kafka.consumer_group,
             commit_interval_ms=max(serve.commit_interval_ms, 1),
             on_revoke=self._revoked,
-            client_id=f"{self._settings.kafka.client_id}-{self._consumer_name}",
+            client_id=f"{self._settings.kafka.client_id}-{self.consumer_name}",
             session_timeout_ms=serve.session_timeout_ms,
             heartbeat_interval_ms=min(3000, serve.session_timeout_ms // 3),
+            max_poll_interval_ms=serve.max_poll_interval_ms,
         )
         await self._consumer.start()
-        self._dlq = KafkaProducer(self._settings.kafka, linger_ms=0)
+        self._dlq = DeadLetters(self._settings.kafka)
         self._tasks = [
             asyncio.create_task(self._keep_fetching(), name="ragflow-mq-fetch"),
-            asyncio.create_task(self.run_commits(), name="ragflow-mq-commit"),
+            asyncio.create_task(self._run_commits(), name="ragflow-mq-commit"),
+            asyncio.create_task(self._run_finisher(), name="ragflow-mq-finish"),
+            asyncio.create_task(self._run_alive(), name="ragflow-mq-alive"),
         ]
+
+    # -- fetching ----------------------------------------------------------------------------
+
+    def room(self) -> int:
+        """Records this executor could start now: free slots less what waits in the buffers."""
+        with self._lock:
+            held = sum(len(buffer) for buffer in self._buffers.values()) + len(self._in_hand)
+        return self._settings.serve.prefetch - held - self._busy()
 
     async def _keep_fetching(self) -> None:
         """``run_fetch`` until ``stop()``, through Kafka's passing failures: a broker away
         leaves the executor on Redis work meanwhile, not without a consumer for good."""
-        while not self._stopping:
+        while not self._stopping.is_set():
             try:
                 await self.run_fetch()
             except SidecarError as exc:
@@ -132,43 +174,58 @@ class ServeConsumer:
                 await asyncio.sleep(1)
 
     async def run_fetch(self) -> None:
-        """Keep the buffers filled up to the prefetch bound until ``stop()``."""
-        while not self._stopping:
-            room = self._settings.serve.prefetch - self._buffered
-            if room <= 0:
-                self._room.clear()
-                await self._room.wait()
-                continue
+        """Fetch what the free slots can take, and re-check parked records, until ``stop()``."""
+        next_recheck = 0.0
+        while not self._stopping.is_set():
             consumer = self._consumer
             if consumer is None:
                 return
-            batch = await consumer.poll_batch(room, _FETCH_TIMEOUT_MS)
+            now = time.monotonic()
+            if self._parked and now >= next_recheck:
+                next_recheck = now + _RECHECK_S
+                await self._recheck_parked()
+            room = self.room()
+            if room <= 0:
+                # Paused, not idle: polling keeps the member in the group through hour-long
+                # tasks, and the records wait for this member's next free slot in Kafka, not
+                # in a buffer where nobody else could see them.
+                consumer.pause_all_but(())
+                batch = await consumer.poll_batch(1, _BUSY_POLL_MS)
+            else:
+                consumer.resume_all()
+                batch = await consumer.poll_batch(room, _FETCH_TIMEOUT_MS)
             # Cleared when the fetch returns, not when it begins: a fetch that waited through a
             # rebalance returns records of the assignment that followed (aiokafka drops what
             # was fetched before), so a partition revoked meanwhile and given back is ours.
-            # Taken for a new owner's, those records were dropped by the member that still
-            # owned them: never run, until another rebalance. No await since the fetch
-            # returned, so no revoke of what it returned is missed.
             self._revoked_lately.clear()
             if batch:
                 await self._accept(batch)
 
-    async def run_commits(self) -> None:
-        """Commit finished work at the configured pace until ``stop()``."""
+    async def _run_commits(self) -> None:
         interval_s = max(self._settings.serve.commit_interval_ms, 1) / 1000
-        while not self._stopping:
+        while not self._stopping.is_set():
             await asyncio.sleep(interval_s)
             consumer = self._consumer
-            if self._stopping or consumer is None:
+            if self._stopping.is_set() or consumer is None:
                 return  # stop() makes the last commit
             try:
                 await consumer.commit_due()
             except SidecarError as exc:
                 logger.warning("could not commit finished tasks: %s", exc)
 
+    async def _run_alive(self) -> None:
+        interval_s = self._settings.serve.lease_s / 3
+        while not self._stopping.is_set():
+            await asyncio.sleep(interval_s)
+            assert self._claims is not None
+            try:
+                await self._claims.keep_alive()
+            except SidecarError as exc:
+                logger.warning("could not refresh this executor's liveness: %s", exc)
+
     async def _accept(self, batch: list[QueueMessage]) -> None:
-        assert self._consumer is not None
-        served: list[tuple[QueueMessage, dict[str, Any]]] = []
+        assert self._consumer is not None and self._dlq is not None
+        served: list[Served] = []
         for message in batch:
             if message.header(SERVED_HEADER) != b"1":
                 self._consumer.finish(message)  # the mirror's copy: RAGFlow ran it from Redis
@@ -178,117 +235,96 @@ class ServeConsumer:
                 if not isinstance(task.get("id"), str):
                     raise MessageDecodeError("no_task_id", "the task has no string 'id'")
             except MessageDecodeError as exc:
-                await self._dead_letter(message, exc.reason, exc.detail)
+                queue = _text(message.header(QUEUE_HEADER)) or ""
+                await self._dlq.send(message, queue, exc.reason, exc.detail, self._stopping)
+                self._consumer.finish(message)
+                self._recorder.count("kafka", "dead_lettered")
+                logger.warning("served record %s dead-lettered: %s", message.id, exc)
                 continue
             served.append((message, task))
-        if not served:
+        await self._claim(served)
+
+    async def _claim(self, records: list[Served]) -> None:
+        """Claim the records' tasks and buffer, park or skip each by what the claim found."""
+        if not records:
             return
-        attempts = await asyncio.to_thread(self._count_attempts, [m for m, _ in served])
-        counted = list(zip(served, attempts, strict=True))
+        assert self._claims is not None and self._consumer is not None
+        try:
+            outcomes = await self._claims.claim([str(task["id"]) for _, task in records])
+        except SidecarError as exc:
+            # Nobody can tell whether they run elsewhere: wait, never guess.
+            logger.warning("could not claim %d served task(s), parked: %s", len(records), exc)
+            for message, task in records:
+                self._parked[message.id] = (message, task)
+            return
         # No await from here to the buffers: a rebalance that took a partition while its
-        # records were counted has run by now, and those records are the new owner's.
-        late = [
-            KafkaTask(self, m, t)
-            for (m, t), _ in counted
-            if (m.topic, m.partition) in self._revoked_lately
-        ]
-        if late:
-            gone = {task.message.id for task in late}
-            counted = [(pair, n) for pair, n in counted if pair[0].id not in gone]
-        limit = self._settings.serve.max_attempts
+        # records were claimed has run by now, and those records are the new owner's.
+        here = self._held_here()
+        given_back: list[str] = []
         with self._lock:
-            for (message, task), attempt in counted:
-                if attempt > limit:
-                    continue
-                if attempt > 1:
-                    self._recorder.count("kafka", "retried")
-                queue = _text(message.header(QUEUE_HEADER))
-                if queue not in self._buffers:
-                    # A queue this executor was not configured with (MIRROR_STREAMS): served
-                    # with the lowest priority rather than left unread.
-                    queue = self._queues[-1]
-                self._buffers[queue].append(KafkaTask(self, message, task))
-                self._buffered += 1
-        if late:
-            logger.info(
-                "%d fetched record(s) of revoked partitions left to their new owner: %s",
-                len(late),
-                ", ".join(task.message.id for task in late),
-            )
-            await asyncio.to_thread(self._give_back, late)
-        for (message, _), attempt in counted:
-            if attempt > limit:
-                detail = f"handed out {attempt - 1} times without an ack"
-                await self._dead_letter(message, "max_attempts", detail)
+            for (message, task), outcome in zip(records, outcomes, strict=True):
+                task_id = str(task["id"])
+                self._parked.pop(message.id, None)
+                if (message.topic, message.partition) in self._revoked_lately:
+                    if outcome in (Claim.NEW, Claim.RETAKEN):
+                        given_back.append(task_id)
+                elif outcome is Claim.DONE:
+                    self._consumer.finish(message)
+                    self._recorder.count("kafka", "duplicate")
+                    logger.info(
+                        "served record %s: task %s already ran, skipped", message.id, task_id
+                    )
+                elif outcome is Claim.HELD or (outcome is Claim.OURS and task_id in here):
+                    self._parked[message.id] = (message, task)
+                else:
+                    if outcome is Claim.RETAKEN:
+                        self._recorder.count("kafka", "retried")
+                        logger.info("served task %s taken over from a gone executor", task_id)
+                    self._buffers[self._queue_of(message)].append(KafkaTask(self, message, task))
+        if given_back:
+            await self._release(given_back)
 
-    def _count_attempts(self, messages: list[QueueMessage]) -> list[int]:
-        """One pipelined INCR per record: how often it has been handed out, across restarts.
-        Without Valkey, a record counts as a first attempt rather than stalling the executor."""
-        try:
-            pipe = self._redis().pipeline(transaction=False)
-            for message in messages:
-                key = self._keys.attempts(message.topic, message.partition, message.offset)
-                pipe.incr(key)
-                pipe.expire(key, ATTEMPTS_TTL_S)
-            replies = pipe.execute()
-        except Exception as exc:
-            logger.warning("could not count delivery attempts: %s", exc)
-            return [1] * len(messages)
-        return [int(reply) for reply in replies[::2]]
-
-    def _give_back(self, tasks: list[KafkaTask]) -> None:
-        """Records fetched ahead and never handed to RAGFlow were not attempted: their count
-        goes back down, so restarts and rebalances do not dead-letter a task nobody ran."""
-        if not tasks:
+    async def _recheck_parked(self) -> None:
+        """Claim the parked records the free slots can take (their task may be done, or its
+        holder gone, by now); only a done marker can release the rest."""
+        parked = list(self._parked.values())
+        room = max(self.room(), 0)
+        await self._claim(parked[:room])
+        rest = parked[room:]
+        if not rest:
             return
+        assert self._claims is not None and self._consumer is not None
         try:
-            pipe = self._redis().pipeline(transaction=False)
-            for task in tasks:
-                message = task.message
-                pipe.decr(self._keys.attempts(message.topic, message.partition, message.offset))
-            pipe.execute()
-        except Exception as exc:
-            logger.warning("could not give back %d delivery attempts: %s", len(tasks), exc)
+            done = await self._claims.done([str(task["id"]) for _, task in rest])
+        except SidecarError as exc:
+            logger.warning("could not check %d parked served task(s): %s", len(rest), exc)
+            return
+        for (message, _), is_done in zip(rest, done, strict=True):
+            if is_done and self._parked.pop(message.id, None) is not None:
+                self._consumer.finish(message)
+                self._recorder.count("kafka", "duplicate")
 
-    async def _dead_letter(self, message: QueueMessage, reason: str, detail: str) -> None:
-        assert self._consumer is not None and self._dlq is not None
-        # Built once: the DLQ record keeps the bytes as read whatever happens next.
-        record = dead_letter(
-            reason=reason,
-            detail=detail,
-            value=message.value,
-            stream=_text(message.header(QUEUE_HEADER)) or "",
-            entry_id=message.id,
-            stage="serve",
-            max_value_bytes=_DLQ_MAX_BYTES,
-            extra_headers=(
-                ("x-source-topic", message.topic.encode()),
-                ("x-source-offset", f"{message.partition}:{message.offset}".encode()),
-                *message.headers,
-            ),
-        )
-        # Not finished (so not committed past) until the DLQ has it. Tried until it does:
-        # giving up here would leave the record unfinished and its partition's commits stuck
-        # behind it until the next rebalance; Kafka being away stalls fetching anyway.
-        while True:
-            try:
-                await self._dlq.start()
-                await self._dlq.send(
-                    record.destination, record.value, key=record.key, headers=record.headers
-                )
-                break
-            except SidecarError as exc:
-                if self._stopping:
-                    raise
-                logger.warning("dead-lettering %s failed (again in 1 s): %s", message.id, exc)
-                if exc.needs_new_client:
-                    broken, self._dlq = self._dlq, KafkaProducer(self._settings.kafka, linger_ms=0)
-                    with contextlib.suppress(SidecarError):
-                        await broken.stop()
-                await asyncio.sleep(1)
-        self._consumer.finish(message)
-        self._recorder.count("kafka", "dead_lettered")
-        logger.warning("served record %s dead-lettered: %s (%s)", message.id, reason, detail)
+    def _held_here(self) -> set[str]:
+        with self._lock:
+            held = {task.task_id for buffer in self._buffers.values() for task in buffer}
+            held |= {task.task_id for task in self._in_hand.values()}
+            return held | self._finishing
+
+    def _queue_of(self, message: QueueMessage) -> str:
+        queue = _text(message.header(QUEUE_HEADER))
+        # A queue this executor was not configured with (MIRROR_STREAMS): served with the
+        # lowest priority rather than left unread.
+        return queue if queue in self._buffers else self._queues[-1]
+
+    async def _release(self, task_ids: list[str]) -> None:
+        assert self._claims is not None
+        try:
+            await self._claims.release(task_ids)
+        except SidecarError as exc:
+            # Not lost: another process takes them once this one's liveness lapses.
+            logger.warning("could not release %d claim(s): %s", len(task_ids), exc)
+
+    # -- RAGFlow's calls (its thread) ---------------------------------------------------------
 
     def take(self, queue: str) -> KafkaTask | None:
         """The next served task of ``queue``, or ``None`` at once when none is waiting."""
@@ -302,25 +338,22 @@ class ServeConsumer:
             if not buffer:
                 return None
             task = buffer.popleft()
-            self._buffered -= 1
             task.handed_out_s = time.time()
             self._in_hand[task.message.id] = task
         self._recorder.count("kafka", "started")
         wait_ms = task.handed_out_s * 1000 - task.message.timestamp_ms
         self._recorder.observe("kafka", "queue_wait", wait_ms)
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._room.set)
         return task
 
     def finished(self, task: KafkaTask) -> None:
         """RAGFlow acked ``task`` (any thread)."""
-        consumer = self._consumer
-        if self._loop is not None and consumer is not None:
-            # Queued on the loop before the task leaves the hand: a rebalance that sees the
-            # hand empty finds its offset finished once it yields (see _revoked).
-            self._loop.call_soon_threadsafe(consumer.finish, task.message)
         with self._lock:
+            # Still "held here" until its done marker is written: a duplicate record read
+            # meanwhile is parked, not run.
+            self._finishing.add(task.task_id)
             self._in_hand.pop(task.message.id, None)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._done.put_nowait, task)
         self._recorder.count("kafka", "finished")
         self._recorder.observe("kafka", "processing", (time.time() - task.handed_out_s) * 1000)
         self._on_finished(task.task_id)
@@ -329,65 +362,87 @@ class ServeConsumer:
         with self._lock:
             return len(self._in_hand)
 
-    async def _revoked(self, partitions: set[tuple[str, int]]) -> None:
-        """Fetched-ahead records of the revoked partitions go back (their new owner reads
-        them again); tasks in RAGFlow's hands get ``SERVE_REVOKE_WAIT_S`` to be acked, so a
-        rebalance does not run them twice."""
+    async def _run_finisher(self) -> None:
+        while True:
+            batch = [await self._done.get()]
+            while not self._done.empty():
+                batch.append(self._done.get_nowait())
+            await self._finish(batch, retry=True)
 
-        def revoked(task: KafkaTask) -> bool:
-            return (task.message.topic, task.message.partition) in partitions
+    async def _finish(self, batch: list[KafkaTask], *, retry: bool) -> None:
+        """Done markers first, then the offsets: a record committed past is one that no
+        redelivery can run again."""
+        assert self._claims is not None
+        while True:
+            try:
+                await self._claims.finish([task.task_id for task in batch])
+                break
+            except SidecarError as exc:
+                if not retry:
+                    logger.warning("%d finished task(s) not marked done: %s", len(batch), exc)
+                    return
+                logger.warning("could not mark %d task(s) done (again in 1 s): %s", len(batch), exc)
+                await asyncio.sleep(1)
+        consumer = self._consumer
+        with self._lock:
+            for task in batch:
+                self._finishing.discard(task.task_id)
+        if consumer is not None:
+            for task in batch:
+                consumer.finish(task.message)  # False after a revoke: the new owner skips it
+
+    # -- rebalances and stopping ---------------------------------------------------------------
+
+    async def _revoked(self, partitions: set[tuple[str, int]]) -> None:
+        """Records of the revoked partitions not handed out go back to their new owner, their
+        claims released. Tasks in RAGFlow's hands stay claimed and run to their ack here; the
+        new owner parks their records until they are done. Nothing waits for them."""
+
+        def revoked(message: QueueMessage) -> bool:
+            return (message.topic, message.partition) in partitions
 
         self._revoked_lately |= partitions
-
         with self._lock:
-            dropped: list[KafkaTask] = []
+            dropped: list[str] = []
             for queue, buffer in self._buffers.items():
-                kept = deque(task for task in buffer if not revoked(task))
-                dropped += [task for task in buffer if revoked(task)]
-                self._buffered -= len(buffer) - len(kept)
-                self._buffers[queue] = kept
-        if self._stopping:
-            self._give_back(dropped)  # at interpreter exit to_thread's pool is already gone
-        else:
-            await asyncio.to_thread(self._give_back, dropped)
-        self._room.set()
-        # Leaving the group at exit: what RAGFlow still holds will not be acked by a process
-        # that is ending, so there is nothing to wait for; it is delivered again elsewhere.
-        wait_s = 0.0 if self._stopping else self._settings.serve.revoke_wait_s
-        deadline = time.monotonic() + wait_s
-        waiting = 0
-        while time.monotonic() < deadline:
-            with self._lock:
-                waiting = sum(1 for task in self._in_hand.values() if revoked(task))
-            if not waiting:
-                await asyncio.sleep(0)  # let the acks' finish() callbacks run before the commit
-                return
-            await asyncio.sleep(0.05)
-        if waiting:
-            logger.warning(
-                "partitions revoked while %d served task(s) were still running: they may run twice",
-                waiting,
-            )
+                dropped += [task.task_id for task in buffer if revoked(task.message)]
+                self._buffers[queue] = deque(task for task in buffer if not revoked(task.message))
+        for message_id, (message, _) in list(self._parked.items()):
+            if revoked(message):
+                del self._parked[message_id]
+        if dropped:
+            await self._release(dropped)
 
     async def stop(self) -> None:
-        """Stop fetching; commit what is finished and leave the group (what was fetched ahead
-        or is still running is not committed, so it is delivered again)."""
-        self._stopping = True
-        self._room.set()
+        """Stop fetching; release what was fetched ahead, mark what was acked done, commit,
+        and let this process's claims lapse at once (a task still in RAGFlow's hands at exit
+        will not be acked by a process that is ending: another executor runs it)."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
         with self._lock:
-            unused = [task for buffer in self._buffers.values() for task in buffer]
+            unused = [task.task_id for buffer in self._buffers.values() for task in buffer]
             for buffer in self._buffers.values():
                 buffer.clear()
-            self._buffered = 0
-        # Called at interpreter exit too, when the thread pool behind to_thread is gone.
-        self._give_back(unused)
+        if self._claims is not None:
+            await self._release(unused)
+            acked = []
+            while not self._done.empty():
+                acked.append(self._done.get_nowait())
+            if acked:
+                await self._finish(acked, retry=False)
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
             await consumer.stop()
+        if self._claims is not None:
+            try:
+                await self._claims.leave()
+            except SidecarError as exc:
+                logger.warning("claims of this executor lapse with its lease: %s", exc)
         dlq, self._dlq = self._dlq, None
         if dlq is not None:
             await dlq.stop()

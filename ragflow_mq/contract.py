@@ -18,10 +18,18 @@ Path = Literal["redis", "kafka"]
 PATHS: Final[tuple[Path, ...]] = ("redis", "kafka")
 # produced: queue_product succeeded; started: handed to RAGFlow by queue_consumer; finished:
 # acked (success and failure alike, as RAGFlow acks both); failed: RAGFlow set progress -1;
-# retried: handed out again (a pending replay, a redelivered record); dead_lettered: sent to
-# the DLQ instead of RAGFlow.
-EVENTS: Final = ("produced", "started", "finished", "failed", "retried", "dead_lettered")
-Event = Literal["produced", "started", "finished", "failed", "retried", "dead_lettered"]
+# retried: handed out again (a pending replay, a dead executor's task taken over);
+# dead_lettered: sent to the DLQ instead of RAGFlow (undecodable only); diverted: meant for
+# Kafka, enqueued on Redis because Kafka was away or slow (the breaker); duplicate: a served
+# record whose task had already run or gone to Redis, skipped.
+EVENTS: Final = (
+    "produced", "started", "finished", "failed", "retried", "dead_lettered", "diverted",
+    "duplicate",
+)  # fmt: skip
+Event = Literal[
+    "produced", "started", "finished", "failed", "retried", "dead_lettered", "diverted",
+    "duplicate",
+]  # fmt: skip
 # queue_wait: enqueued to handed out; processing: handed out to acked.
 LATENCIES: Final = ("queue_wait", "processing")
 Latency = Literal["queue_wait", "processing"]
@@ -30,7 +38,6 @@ BUCKETS_MS: Final[tuple[float, ...]] = (
     5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000, 1800000,
 )  # fmt: skip
 EVIDENCE_TTL_S: Final = 2 * 86400
-ATTEMPTS_TTL_S: Final = 7 * 86400
 DEFAULT_KEY_PREFIX: Final = "ragflow_mq"
 
 
@@ -48,9 +55,19 @@ class Keys:
         """Per-minute counts (``minute`` = epoch seconds // 60), kept two days."""
         return f"{self.prefix}:evidence:{minute}"
 
-    def attempts(self, topic: str, partition: int, offset: int) -> str:
-        """How often a served record was handed out."""
-        return f"{self.prefix}:attempts:{topic}:{partition}:{offset}"
+    def claim(self, task_id: str) -> str:
+        """Which executor process holds a served task (``<consumer>|<incarnation>``), from its
+        hand-out until it is acked: the served path's pending-entries list."""
+        return f"{self.prefix}:claim:{task_id}"
+
+    def done(self, task_id: str) -> str:
+        """Set when a served task was acked, or enqueued on Redis instead (``redis``): a
+        record of that task id read later (a duplicate, a redelivery) is skipped."""
+        return f"{self.prefix}:done:{task_id}"
+
+    def alive(self, owner: str) -> str:
+        """Refreshed by a live executor process; its claims lapse when it is gone."""
+        return f"{self.prefix}:alive:{owner}"
 
     def drained(self, topic: str, partition: int, offset: int) -> str:
         """The stream entry id a served record was moved to by drain-to-redis."""

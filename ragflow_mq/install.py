@@ -38,16 +38,25 @@ def _patched_methods(runtime: Runtime) -> dict[str, Callable[..., Any]]:
             # A task the route table cannot read goes where RAGFlow would have put it.
             logger.exception("ragflow_mq could not route a task for %s; using Redis", queue)
             route = None
-        if route is None:
-            ok = bool(original["queue_product"](queue, message))
-            if ok:
-                runtime.recorder.count("redis", "produced")
-            return ok
-        try:
-            return runtime.producer.produce(queue, message, route)
-        except Exception:
-            logger.exception("ragflow_mq.queue_product %s failed", queue)
-            return False
+        if route is not None:
+            try:
+                if runtime.producer.produce(queue, message, route):
+                    return True
+                may_divert = runtime.producer.divert(message)
+            except Exception:
+                logger.exception("ragflow_mq.queue_product %s failed", queue)
+                return False
+            if may_divert is None:
+                return False
+            if not may_divert:
+                # The try that overran had landed, and an executor has the task already.
+                runtime.recorder.count("kafka", "produced")
+                return True
+            runtime.recorder.count("kafka", "diverted")
+        ok = bool(original["queue_product"](queue, message))
+        if ok:
+            runtime.recorder.count("redis", "produced")
+        return ok
 
     def queue_consumer(
         queue_name: str, group_name: str, consumer_name: str, msg_id: Any = b">"

@@ -1,10 +1,14 @@
 """``queue_product`` of the split: one decision per task, Kafka only or Redis only.
 
-The decision is by routing key (the document), with the judged share's sticky hash, against
-``min(KAFKA_SERVE_PERCENT, cap)``; a key keeps its path for ``SERVE_STICKY_S`` after its last
-task, so one ``queue_tasks`` call never splits a document across the paths even when the cap
-moves in the middle of it. A served task is produced and acknowledged by Kafka (acks=all)
-before ``queue_product`` returns True, exactly as the XADD it replaces.
+The decision is by routing key (the document, memory or canvas run), with the judged share's
+sticky hash, against ``min(KAFKA_SERVE_PERCENT, cap)``. A key keeps its decision for
+``SERVE_STICKY_S`` from when it was made (never refreshed by later tasks, so a busy key follows
+a change as surely as a quiet one), so one ``queue_tasks`` call does not split a document; a
+lowered share takes a served key off Kafka at once. A served task is acknowledged by Kafka
+(acks=all) before ``queue_product`` returns True, as the XADD it replaces, but within
+``SERVE_ENQUEUE_TIMEOUT_MS``: RAGFlow calls it on its event loop. A task Kafka did not take in
+time goes to Redis, once: its task id is marked in the state store so that a record of it that
+lands later is skipped, and the breaker sends the next tasks to Redis until Kafka answers.
 """
 
 from __future__ import annotations
@@ -14,9 +18,13 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
-from ragflow_mq.contract import QUEUE_HEADER, SERVED_HEADER, SERVED_SOURCE
+import valkey.asyncio as avalkey
+
+from ragflow_mq.breaker import Breaker
+from ragflow_mq.claims import divert
+from ragflow_mq.contract import QUEUE_HEADER, SERVED_HEADER, SERVED_SOURCE, Keys
 from ragflow_mq.evidence import Recorder
 from ragflow_mq.loop import BackgroundLoop
 from sidecar.config import Settings
@@ -29,78 +37,109 @@ from sidecar.transport.message import encode_task
 
 logger = logging.getLogger(__name__)
 
-TRIES = 3  # as RAGFlow's queue_product
 SCHEMA_VERSION = b"1"
 _STICKY_LIMIT = 100_000  # keys remembered at most; the oldest go first
+# Of SERVE_ENQUEUE_TIMEOUT_MS, kept for the fall-back's two Valkey round trips.
+_DIVERT_RESERVE_S = 0.25
+
+
+class _Decision(NamedTuple):
+    served: bool
+    at: float  # time.monotonic() of the decision
+    percent: float  # the share it was made against
 
 
 class ServeProducer:
     """Decides each task's path and sends the served ones to Kafka."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0917
         self,
         settings: Settings,
         loop: BackgroundLoop,
         routes: RouteTable,
         percent: Callable[[], float],
         recorder: Recorder,
+        store: Callable[[], avalkey.Valkey],
+        keys: Keys,
     ) -> None:
         self._settings = settings
         self._loop = loop
         self._routes = routes
         self._percent = percent
         self._recorder = recorder
+        self._store = store
+        self._keys = keys
         self._priority_streams = frozenset(settings.mirror.priority_streams)
-        self._sticky: OrderedDict[str, tuple[bool, float]] = OrderedDict()
+        self._sticky: OrderedDict[str, _Decision] = OrderedDict()
         self._sticky_lock = threading.Lock()  # RAGFlow's API may call from several threads
         self._producer: KafkaProducer | None = None
-        timeout_ms = settings.serve.produce_timeout_ms
-        # One try: the producer's own delivery timeout, plus room for a cold start.
-        self._try_timeout_s = 2 * timeout_ms / 1000 + 5
+        self.breaker = Breaker(settings.serve.breaker_open_s)
+        self._timeout_s = settings.serve.enqueue_timeout_ms / 1000
 
     def route(self, queue: str, message: Mapping[str, Any]) -> Route | None:
-        """The Kafka route of a served task, or ``None`` for one that stays on Redis."""
+        """The Kafka route of a served task, or ``None`` for one that goes to Redis (outside
+        the share, or the breaker is open)."""
         priority = 1 if queue in self._priority_streams else 0
         route = self._routes.route(message, priority)
+        if not self._in_share(route.key):
+            return None
+        if not self.breaker.allow():
+            self._recorder.count("kafka", "diverted")
+            return None
+        return route
+
+    def _in_share(self, key: str) -> bool:
         percent = self._percent()
         now = time.monotonic()
         with self._sticky_lock:
-            remembered = self._sticky.get(route.key)
-            if remembered is not None and now - remembered[1] <= self._settings.serve.sticky_s:
-                served = remembered[0]
-            else:
-                served = in_traffic_share(route.key, percent)
-            self._sticky[route.key] = (served, now)
-            self._sticky.move_to_end(route.key)
+            kept = self._sticky.get(key)
+            if (
+                kept is not None
+                and now - kept.at <= self._settings.serve.sticky_s
+                # A lowered share is a roll-back: it wins over the key's recent decision.
+                and not (kept.served and percent < kept.percent)
+            ):
+                return kept.served
+            served = in_traffic_share(key, percent)
+            self._sticky[key] = _Decision(served, now, percent)
+            self._sticky.move_to_end(key)
             if len(self._sticky) > _STICKY_LIMIT:
                 self._sticky.popitem(last=False)
-        return route if served else None
+        return served
 
     def produce(self, queue: str, message: Mapping[str, Any], route: Route) -> bool:
-        """Send one served task and wait for Kafka's acknowledgement; False after 3 tries."""
+        """Send one served task; True once Kafka acknowledged it within the bound, False when
+        it did not (it may still land: call ``divert`` before giving it to Redis)."""
         outgoing = OutgoingMessage(
             route.topic,
             encode_task(message),
             key=route.key,
             headers=served_headers(queue, message, route),
         )
-        for attempt in range(1, TRIES + 1):
-            try:
-                self._loop.run(self._send(outgoing), self._try_timeout_s)
-            except (SidecarError, TimeoutError) as exc:
-                logger.warning(
-                    "ragflow_mq.queue_product %s to %s, try %d of %d: %s",
-                    queue,
-                    route.topic,
-                    attempt,
-                    TRIES,
-                    exc,
-                )
-                continue
-            self._recorder.count("kafka", "produced")
-            return True
-        logger.error("ragflow_mq.queue_product %s: Kafka did not take task %s", queue, route.key)
-        return False
+        try:
+            self._loop.run(self._send(outgoing), max(self._timeout_s - _DIVERT_RESERVE_S, 0.05))
+        except (SidecarError, TimeoutError) as exc:
+            self.breaker.failed()
+            logger.warning("ragflow_mq.queue_product %s to %s: %s", queue, route.topic, exc)
+            return False
+        self.breaker.succeeded()
+        self._recorder.count("kafka", "produced")
+        return True
+
+    def divert(self, message: Mapping[str, Any]) -> bool | None:
+        """Whether a task Kafka did not acknowledge may go to Redis: True (marked, so no
+        record of it will run), False (a record of it landed and is Kafka's), None (the state
+        store could not say: the task must not be enqueued anywhere else)."""
+        task_id = str(message.get("id"))
+        ttl_s = self._settings.serve.done_ttl_s
+        where = self._settings.state.display_url
+        try:
+            return self._loop.run(
+                divert(self._store(), self._keys, task_id, ttl_s, where), _DIVERT_RESERVE_S * 4
+            )
+        except (SidecarError, TimeoutError) as exc:
+            logger.error("ragflow_mq: task %s cannot be diverted to Redis: %s", task_id, exc)
+            return None
 
     async def _send(self, outgoing: OutgoingMessage) -> None:
         if self._producer is None:
@@ -109,6 +148,8 @@ class ServeProducer:
                 # Each call waits for its own record, so lingering only adds latency; records
                 # of concurrent callers still share a request while one is in flight.
                 linger_ms=0,
+                # Its own retries stay inside one record (idempotence dedups them); a record
+                # not acknowledged in time is diverted, not sent again.
                 request_timeout_ms=self._settings.serve.produce_timeout_ms,
                 client_id=f"{self._settings.kafka.client_id}-ragflow-mq",
             )

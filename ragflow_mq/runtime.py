@@ -22,6 +22,7 @@ from ragflow_mq.loop import BackgroundLoop
 from ragflow_mq.producer import ServeProducer
 from sidecar.config import Settings
 from sidecar.config.routing import RouteTable
+from sidecar.transport.valkey_client import create_client
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +71,8 @@ class Runtime:
         self.routes = RouteTable(settings.mirror.routes)
         self._conn = conn
         self.originals: dict[str, Callable[..., Any]] = {n: getattr(conn, n) for n in PATCHED}
-        self.producer = ServeProducer(settings, self.loop, self.routes, self.percent, self.recorder)
+        self._store: Any = None
+        self.producer = self._new_producer()
         self.consumer: ServeConsumer | None = None
         self._lock = threading.Lock()
         self._background = False
@@ -90,14 +92,35 @@ class Runtime:
         it starts afresh, and its parent's unflushed evidence stays the parent's."""
         self.loop = BackgroundLoop()
         self.recorder = Recorder()
-        self.producer = ServeProducer(
-            self.settings, self.loop, self.routes, self.percent, self.recorder
-        )
+        self._store = None
+        self.producer = self._new_producer()
         self.consumer = None
         self._starting = None
         self._lock = threading.Lock()
         self._background = False
         self._paths.clear()
+
+    def _new_producer(self) -> ServeProducer:
+        return ServeProducer(
+            self.settings,
+            self.loop,
+            self.routes,
+            self.percent,
+            self.recorder,
+            self.store,
+            self.keys,
+        )
+
+    def store(self) -> Any:
+        """The state store's client (claims, done markers), used on the loop thread only:
+        ``SIDECAR_STATE_URL``, or RAGFlow's Valkey when that is unset."""
+        if self._store is None:
+            self._store = create_client(self.settings.state)
+        return self._store
+
+    def busy_on_redis(self) -> int:
+        """RAGFlow's slots filled by Redis tasks (the Kafka side fetches only for the rest)."""
+        return sum(1 for path in list(self._paths.values()) if path == "redis")
 
     def redis(self) -> Any:
         """RAGFlow's own synchronous client, looked up each time (RAGFlow may reopen it)."""
@@ -206,9 +229,10 @@ class Runtime:
             self.settings,
             self.routes,
             self.keys,
-            self.redis,
+            self.store(),
             self.recorder,
             consumer_name,
+            busy=self.busy_on_redis,
             on_finished=self.forget,
         )
         try:
@@ -275,6 +299,10 @@ class Runtime:
             if consumer is not None:
                 await consumer.stop()
 
-        self.loop.close([stop_consumer, self.producer.close], _CLOSE_TIMEOUT_S)
+        async def close_store() -> None:
+            if self._store is not None:
+                await self._store.aclose()
+
+        self.loop.close([stop_consumer, self.producer.close, close_store], _CLOSE_TIMEOUT_S)
         # From the calling thread: at interpreter exit the loop's thread pool is already shut.
         self.flush_evidence()

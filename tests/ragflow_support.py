@@ -116,6 +116,38 @@ class StandinProcess:
         return cls([sys.executable, "-m", "rag.svr.task_executor"], child_env, log)
 
     @classmethod
+    def supervised_executor(
+        cls, env: Mapping[str, str], log_dir: Path, consumer: str, **extra: str
+    ) -> StandinProcess:
+        """An executor under the entrypoint's restart loop: killed, it is back in about a
+        second under the same name (``kill_executor()`` kills the running one)."""
+        child_env = {**env, "STANDIN_CONSUMER": consumer, **extra}
+        log = log_dir / f"{consumer}.{time.monotonic_ns()}.log"
+        return cls([sys.executable, "-m", "entrypoint"], child_env, log)
+
+    def executor_pid(self) -> int | None:
+        """The running executor under a supervised process (None between two runs)."""
+        path = Path(f"/proc/{self.pid}/task/{self.pid}/children")
+        try:
+            children = path.read_text().split()
+        except OSError:
+            return None
+        return int(children[0]) if children else None
+
+    async def kill_executor(self, timeout_s: float = 30.0) -> int:
+        """SIGKILL the supervised executor (mid-task); returns its pid."""
+        pids: list[int] = []
+
+        def running() -> bool:
+            pid = self.executor_pid()
+            pids[:] = [pid] if pid else []
+            return bool(pid)
+
+        await wait_until(running, timeout_s, what="a running executor")
+        os.kill(pids[0], signal.SIGKILL)
+        return pids[0]
+
+    @classmethod
     def api(
         cls,
         env: Mapping[str, str],

@@ -156,23 +156,44 @@ def test_a_broken_setting_stops_the_ragflow_process_naming_the_variable(
     assert "Traceback" not in log
 
 
-async def test_kafka_away_at_produce_time_returns_false_and_writes_nothing(
+async def test_kafka_away_at_produce_time_sends_the_task_to_redis_within_the_bound(
     stack: LocalStack, unique: str, tmp_path: Path, redis_conn: ModuleType
 ) -> None:
+    """RAGFlow's API never waits on Kafka: the first task tries Kafka for at most
+    SERVE_ENQUEUE_TIMEOUT_MS, is marked as Redis's (so a late record of it would be skipped)
+    and goes to Redis; the breaker sends the next ones there without trying."""
     world = await make_world(stack, unique, tmp_path)
-    values = {**world.env, "KAFKA_SERVE_PERCENT": "100", "SERVE_PRODUCE_TIMEOUT_MS": "500",
+    values = {**world.env, "KAFKA_SERVE_PERCENT": "100", "SERVE_ENQUEUE_TIMEOUT_MS": "800",
               "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}"}  # fmt: skip
     assert ragflow_mq.install(Settings.from_env(values))
-    task = _tasks("docaway", 1)[0]
-    assert redis_conn.REDIS_CONN.queue_product(world.streams[1], task) is False
+    tasks = _tasks("docaway", 3)
+    took = []
+    for task in tasks:
+        started = time.monotonic()
+        assert redis_conn.REDIS_CONN.queue_product(world.streams[1], task) is True
+        took.append(time.monotonic() - started)
+    # The bound plus scheduling slack on a busy machine: far below one Kafka request timeout.
+    assert max(took) < 0.8 + 1.0, took
     client = valkey.Valkey.from_url(stack.valkey.url)
-    assert client.exists(world.streams[1]) == 0, "a task Kafka refused went to Redis"
+    entries = client.xrange(world.streams[1])
+    assert [json.loads(fields[b"message"])["id"] for _, fields in entries] == [
+        t["id"] for t in tasks
+    ]
+    keys = ragflow_mq.Keys(unique)
+    assert client.get(keys.done(tasks[0]["id"])) == b"redis"
+    assert client.exists(keys.done(tasks[1]["id"])) == 0, "the breaker tried Kafka again"
+    redis_conn.REDIS_CONN._ragflow_mq_runtime.flush_evidence()
+    totals = client.hgetall(keys.evidence_total)
+    assert int(totals[b"kafka:diverted"]) == 3
+    assert int(totals[b"redis:produced"]) == 3
     client.close()
-    # Back to a reachable Kafka: the same call succeeds (nothing was left half done).
+    # Back to a reachable Kafka: served tasks go there again.
     ragflow_mq.uninstall()
-    assert ragflow_mq.install(Settings.from_env({**values, **world.env,
-                                                 "KAFKA_SERVE_PERCENT": "100"}))  # fmt: skip
-    assert redis_conn.REDIS_CONN.queue_product(world.streams[1], task) is True
+    assert ragflow_mq.install(Settings.from_env({**values, **world.env}))
+    assert redis_conn.REDIS_CONN.queue_product(world.streams[1], _tasks("docback", 1)[0])
+    client = valkey.Valkey.from_url(stack.valkey.url)
+    assert client.xlen(world.streams[1]) == 3
+    client.close()
 
 
 def test_the_sitecustomize_directory_ships_in_the_package() -> None:

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import valkey
 
 from ragflow_mq import consumer as consumer_module
 from ragflow_mq.consumer import ServeConsumer
@@ -20,6 +19,7 @@ from sidecar.config.routing import RouteTable
 from sidecar.dev.local_stack import LocalStack
 from sidecar.transport.kafka import KafkaProducer
 from sidecar.transport.partitioner import key_partition
+from sidecar.transport.valkey_client import create_client
 from tests.ragflow_support import wait_until
 from tests.serve_support import ServeWorld, make_world
 
@@ -64,9 +64,9 @@ async def test_a_fetch_in_flight_across_a_rebalance_skips_no_task(
     world = await make_world(stack, unique, tmp_path, KAFKA_SERVE_PERCENT="100")
     settings = world.settings(SERVE_SESSION_TIMEOUT_MS="6000")
     routes, keys = RouteTable(settings.mirror.routes), Keys(unique)
-    client = valkey.Valkey.from_url(stack.valkey.url)
+    store = create_client(settings.state)
     members = [
-        ServeConsumer(settings, routes, keys, lambda: client, Recorder(), name)
+        ServeConsumer(settings, routes, keys, store, Recorder(), name)
         for name in ("task_executor_common_r_0", "task_executor_common_r_1")
     ]
     taken: Counter[str] = Counter()
@@ -100,6 +100,6 @@ async def test_a_fetch_in_flight_across_a_rebalance_skips_no_task(
     finally:
         for member in members:
             await member.stop()
-        client.close()
+        await store.aclose()
     assert taken == Counter(dict.fromkeys(ids, 1)), taken
     assert by_member[0] and by_member[1], "the rebalance did not split the partitions"

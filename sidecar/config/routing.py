@@ -3,7 +3,9 @@
 The table is data: task_type patterns (exact, or a prefix ending in ``*``) to topics, which
 ``MIRROR_ROUTES`` can extend or override. Keys keep per-document order: ``doc_id`` for
 document tasks, the task ``id`` for dataset-wide jobs (whose ``doc_id`` is the shared fake id
-``graph_raptor_x``), ``memory_id`` for memory tasks.
+``graph_raptor_x``) and canvas debug runs (all of which carry ``doc_id`` ``dataflow_x``),
+``memory_id`` for memory tasks: each document, memory and run its own place in the shares and
+the partitions.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from sidecar.transport.topics import (
 )
 
 FAKE_DOC_ID = "graph_raptor_x"
+# RAGFlow's CANVAS_DEBUG_DOC_ID: one doc id for every canvas debug run, not a document.
+CANVAS_DEBUG_DOC_ID = "dataflow_x"
 PARSE = "parse"  # what a task without task_type is
 # Not a task type: the key of MIRROR_ROUTES that moves the priority parse topic.
 PRIORITY_PARSE = "parse.priority"
@@ -111,7 +115,11 @@ class RouteTable:
         kind = _kind(topic, dataset_wide)
         if kind == "memory":
             key = str(task.get("memory_id") or task.get("id"))
-        elif dataset_wide or not doc_id or not isinstance(doc_id, str):
+        elif (
+            not doc_id
+            or not isinstance(doc_id, str)
+            or doc_id in (FAKE_DOC_ID, CANVAS_DEBUG_DOC_ID)
+        ):
             key = str(task.get("id"))
         else:
             # A per-document raptor carries the real doc id: keyed by it, the document's tasks

@@ -22,21 +22,30 @@ class ServeSettings:
     """
 
     percent: float = 0.0  # KAFKA_SERVE_PERCENT; 100 with MQ_BACKEND=kafka
-    # Records fetched from Kafka and not yet handed to RAGFlow, at most; bounded by the
-    # executor's concurrency (MAX_CONCURRENT_TASKS) so that a crash strands little.
+    # Records fetched from Kafka and not yet handed to RAGFlow, at most, counting the slots
+    # RAGFlow's tasks already fill: records are fetched only when a slot can take them.
     prefetch: int = 5
-    max_attempts: int = 3  # deliveries of one record before it goes to the DLQ
-    produce_timeout_ms: int = 10000  # one try of queue_product; RAGFlow tries 3 times
+    produce_timeout_ms: int = 10000  # the producer's request timeout (aiokafka's)
+    # queue_product's bound on Kafka: a task not acknowledged by then goes to Redis, and the
+    # breaker sends the next ones there too, so RAGFlow's event loop never waits on Kafka.
+    enqueue_timeout_ms: int = 2000
+    breaker_open_s: float = 30.0  # after a failed produce, Redis only; then one probe
     cap_refresh_s: float = 2.0  # how often the cap kept in Valkey is read
     # Finished work is committed at this pace, not per ack: RAGFlow's executor calls ack()
-    # synchronously, and a commit round trip per task would halve its rate. A crash redelivers
-    # at most this much finished work (at-least-once, as Redis pending entries are).
+    # synchronously, and a commit round trip per task would halve its rate. Claims and done
+    # markers (not commits) keep a redelivered record from running twice.
     commit_interval_ms: int = 100
     session_timeout_ms: int = 15000  # a killed executor's partitions move on after this
-    revoke_wait_s: float = 30.0  # at a rebalance, wait this long for tasks in hand to be acked
-    sticky_s: float = 60.0  # a key's path is kept this long after its last task
+    # Kafka's max.poll.interval.ms; the member polls while its slots are busy, so only a
+    # process whose loop is stuck this long leaves the group.
+    max_poll_interval_ms: int = 3_600_000
+    # A dead executor's claimed tasks go to another after this (its restart under the same
+    # consumer name takes them back at once, as Redis replays its own pending entries).
+    lease_s: float = 30.0
+    done_ttl_s: int = 2 * 86400  # how long a finished task's id skips later records of it
+    sticky_s: float = 10.0  # a key's path is kept this long from the decision (not refreshed)
     evidence_flush_s: float = 2.0  # per-path counts are written to Valkey at this pace
-    key_prefix: str = "ragflow_mq"  # of the cap, evidence and attempt keys in Valkey
+    key_prefix: str = "ragflow_mq"  # of the cap, evidence, claims and done markers
 
 
 @dataclass(frozen=True)
@@ -59,12 +68,15 @@ SERVE = Table(
     ServeSettings,
     Var("KAFKA_SERVE_PERCENT", "percent"),
     Var("SERVE_PREFETCH", "prefetch"),
-    Var("SERVE_MAX_ATTEMPTS", "max_attempts", integer(1, 100)),
     Var("SERVE_PRODUCE_TIMEOUT_MS", "produce_timeout_ms", integer(100)),
+    Var("SERVE_ENQUEUE_TIMEOUT_MS", "enqueue_timeout_ms", integer(50, 60000)),
+    Var("SERVE_BREAKER_OPEN_S", "breaker_open_s", number(0.1, 3600.0)),
     Var("SERVE_CAP_REFRESH_S", "cap_refresh_s", number(0.05, 3600.0)),
     Var("SERVE_COMMIT_INTERVAL_MS", "commit_interval_ms", integer(0)),
     Var("SERVE_SESSION_TIMEOUT_MS", "session_timeout_ms", integer(6000, 300000)),
-    Var("SERVE_REVOKE_WAIT_S", "revoke_wait_s", number(0.0, 3600.0)),
+    Var("SERVE_MAX_POLL_INTERVAL_MS", "max_poll_interval_ms", integer(1000, 86_400_000)),
+    Var("SERVE_LEASE_S", "lease_s", number(1.0, 3600.0)),
+    Var("SERVE_DONE_TTL_S", "done_ttl_s", integer(600, 30 * 86400)),
     Var("SERVE_STICKY_S", "sticky_s", number(0.0, 86400.0)),
     Var("SERVE_EVIDENCE_FLUSH_S", "evidence_flush_s", number(0.05, 3600.0)),
     Var("SERVE_KEY_PREFIX", "key_prefix", text()),

@@ -9,12 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from sidecar.config.routing import FAKE_DOC_ID
+from sidecar.config.routing import CANVAS_DEBUG_DOC_ID, FAKE_DOC_ID
 from sidecar.shadow.meta import TaskMeta
-
-# The doc id of a dataflow run from the canvas editor (``CANVAS_DEBUG_DOC_ID`` in RAGFlow's
-# api/db/services/task_service.py); like FAKE_DOC_ID it names no real document.
-CANVAS_DEBUG_DOC_ID = "dataflow_x"
 
 # Task types queued per dataset with the fake doc id: the types
 # ``queue_raptor_o_graphrag_tasks`` accepts, which are also the ones ``collect()`` re-reads

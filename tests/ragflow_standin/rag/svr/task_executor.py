@@ -11,8 +11,12 @@ failure; ack after success and failure alike; ack early for an empty, unknown or
 MAX_CONCURRENT_TASKS coroutines sharing one consumer name, a sleep when idle.
 
 Differences, on purpose:
-- The task is the message itself (RAGFlow loads the Task row from its DB, raising
-  ``retry_count`` on each delivery and abandoning a task at 3); nothing is counted here.
+- The task is the message itself (RAGFlow loads the Task row from its DB). ``get_task`` keeps
+  RAGFlow's rule on a hash in Valkey, ``<STANDIN_RESULTS_KEY>:retry_count``: each delivery adds
+  1, and a delivery that finds 3 already abandons the task (acked, progress -1 recorded in
+  ``<STANDIN_RESULTS_KEY>:abandoned``).
+- A task whose id is in the set ``<STANDIN_RESULTS_KEY>:poison`` kills its executor
+  (``os._exit(17)``, as an out-of-memory kill would) after its execution is recorded.
 - ``do_handle_task`` records each execution (RPUSH to ``STANDIN_RESULTS_KEY``) and sleeps
   ``STANDIN_WORK_MS``; ``set_progress`` records to ``<STANDIN_RESULTS_KEY>:progress``.
 - SIGTERM/SIGINT stop taking work, let the tasks in hand finish and ack, and exit 0. RAGFlow's
@@ -171,8 +175,7 @@ async def collect() -> tuple[RedisMsg | None, Task | None]:
         redis_msg.ack()
         return None, None
 
-    # RAGFlow: task = TaskService.get_task(msg["id"]) (None for a deleted row).
-    task: Task | None = copy.deepcopy(msg) if isinstance(msg, dict) and msg.get("id") else None
+    task = get_task(msg)
     canceled = bool(task) and has_canceled(str(msg["id"]))
     if not task or canceled:
         state = "is unknown" if not task else "has been cancelled"
@@ -184,6 +187,23 @@ async def collect() -> tuple[RedisMsg | None, Task | None]:
         return None, None
     task["task_type"] = msg.get("task_type", "")
     return redis_msg, task
+
+
+def get_task(msg: Any) -> Task | None:
+    """RAGFlow's ``TaskService.get_task``: None for an unknown task and for one delivered 3
+    times already (abandoned); every delivery adds 1 to its ``retry_count``."""
+    if not isinstance(msg, dict) or not msg.get("id"):
+        return None
+    task_id = str(msg["id"])
+    retry_count = int(_results_client().hincrby(f"{RESULTS_KEY}:retry_count", task_id, 1)) - 1
+    if retry_count >= 3:
+        record = {"task_id": task_id, "consumer": CONSUMER_NAME, "t": time.monotonic()}
+        _results_client().rpush(f"{RESULTS_KEY}:abandoned", json.dumps(record))
+        logging.warning("Task %s is abandoned after 3 times attempts.", task_id)
+        return None
+    task: Task = copy.deepcopy(msg)
+    task["retry_count"] = retry_count + 1
+    return task
 
 
 def _fault_share(task_id: str) -> int:
@@ -207,9 +227,13 @@ async def do_handle_task(task: Task) -> None:
         "consumer": CONSUMER_NAME,
         "pid": os.getpid(),
         "msg_id": msg_id,
+        "retry_count": task.get("retry_count"),
         "t": time.monotonic(),
     }
     _results_client().rpush(RESULTS_KEY, json.dumps(record))
+    if _results_client().sismember(f"{RESULTS_KEY}:poison", task["id"]):
+        logging.error("task %s kills its executor", task["id"])
+        os._exit(17)
     if WORK_MS > 0:
         await asyncio.sleep(WORK_MS / 1000)
     share = _fault_share(str(task["id"]))
