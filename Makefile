@@ -71,6 +71,7 @@ STATE_BENCH_ARGS   ?=
 E2E_BENCH_ARGS     ?=
 E2E_SATURATION_ARGS ?= --rate 5000 --seconds 60 --warmup-s 60 --handler noop
 SERVE_BENCH_ARGS   ?=
+SERVE_LATENCY_BENCH_ARGS ?=
 TRACING_BENCH_ARGS ?= --entries 5000 --mirror-entries 50000
 JOIN_BENCH_ARGS    ?=
 LOADAVG = echo "load average: $$(cut -d' ' -f1-3 /proc/loadavg)"
@@ -92,6 +93,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/e2e_latency.py $(E2E_SATURATION_ARGS)
 	@$(LOADAVG)
 	$(BIN)/python bench/serve_throughput.py $(SERVE_BENCH_ARGS)
+	@$(LOADAVG)
+	$(BIN)/python bench/serve_latency.py $(SERVE_LATENCY_BENCH_ARGS)
 	@$(LOADAVG)
 	$(BIN)/python bench/tracing_overhead.py $(TRACING_BENCH_ARGS)
 	@$(LOADAVG)

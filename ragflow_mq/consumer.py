@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +30,7 @@ from ragflow_mq.claims import Claim, Claims
 from ragflow_mq.contract import QUEUE_HEADER, SERVED_HEADER, Keys
 from ragflow_mq.dead_letters import DeadLetters
 from ragflow_mq.evidence import Recorder
+from ragflow_mq.hand import Hand, KafkaTask
 from sidecar.config import Settings
 from sidecar.config.routing import RouteTable
 from sidecar.errors import MessageDecodeError, SidecarError
@@ -47,34 +46,6 @@ _BUSY_POLL_MS = 100
 _RECHECK_S = 1.0  # parked records: is their task done, or its holder gone?
 
 Served = tuple[QueueMessage, dict[str, Any]]
-
-
-class KafkaTask:
-    """What ``queue_consumer`` returns for a served record: RAGFlow's ``RedisMsg`` interface."""
-
-    def __init__(self, owner: ServeConsumer, message: QueueMessage, task: dict[str, Any]) -> None:
-        self._owner = owner
-        self.message = message
-        self._task = task
-        self.handed_out_s = time.time()
-        self._acked = False
-
-    def get_message(self) -> dict[str, Any]:
-        return self._task
-
-    def get_msg_id(self) -> str:
-        return self.message.id
-
-    @property
-    def task_id(self) -> str:
-        return str(self._task.get("id"))
-
-    def ack(self) -> bool:
-        """Mark the task done; its done marker and offset are written in the background."""
-        if not self._acked:
-            self._acked = True
-            self._owner.finished(self)
-        return True
 
 
 class ServeConsumer:
@@ -102,11 +73,7 @@ class ServeConsumer:
         self.consumer_name = consumer_name
         self._busy = busy
         self._on_finished = on_finished
-        self._queues = tuple(settings.mirror.streams)
-        self._lock = threading.Lock()
-        self._buffers: dict[str, deque[KafkaTask]] = {queue: deque() for queue in self._queues}
-        self._in_hand: dict[str, KafkaTask] = {}  # message id -> task handed out, not acked
-        self._finishing: set[str] = set()  # task ids acked, done marker not yet written
+        self._hand = Hand(settings.mirror.streams)
         self._parked: dict[str, Served] = {}  # message id -> record whose task is held elsewhere
         self._done: asyncio.Queue[KafkaTask] = asyncio.Queue()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -159,9 +126,7 @@ class ServeConsumer:
 
     def room(self) -> int:
         """Records this executor could start now: free slots less what waits in the buffers."""
-        with self._lock:
-            held = sum(len(buffer) for buffer in self._buffers.values()) + len(self._in_hand)
-        return self._settings.serve.prefetch - held - self._busy()
+        return self._settings.serve.prefetch - self._hand.filled() - self._busy()
 
     async def _keep_fetching(self) -> None:
         """``run_fetch`` until ``stop()``, through Kafka's passing failures: a broker away
@@ -259,28 +224,26 @@ class ServeConsumer:
             return
         # No await from here to the buffers: a rebalance that took a partition while its
         # records were claimed has run by now, and those records are the new owner's.
-        here = self._held_here()
+        here = self._hand.held()
         given_back: list[str] = []
-        with self._lock:
-            for (message, task), outcome in zip(records, outcomes, strict=True):
-                task_id = str(task["id"])
-                self._parked.pop(message.id, None)
-                if (message.topic, message.partition) in self._revoked_lately:
-                    if outcome in (Claim.NEW, Claim.RETAKEN):
-                        given_back.append(task_id)
-                elif outcome is Claim.DONE:
-                    self._consumer.finish(message)
-                    self._recorder.count("kafka", "duplicate")
-                    logger.info(
-                        "served record %s: task %s already ran, skipped", message.id, task_id
-                    )
-                elif outcome is Claim.HELD or (outcome is Claim.OURS and task_id in here):
-                    self._parked[message.id] = (message, task)
-                else:
-                    if outcome is Claim.RETAKEN:
-                        self._recorder.count("kafka", "retried")
-                        logger.info("served task %s taken over from a gone executor", task_id)
-                    self._buffers[self._queue_of(message)].append(KafkaTask(self, message, task))
+        for (message, task), outcome in zip(records, outcomes, strict=True):
+            task_id = str(task["id"])
+            self._parked.pop(message.id, None)
+            if (message.topic, message.partition) in self._revoked_lately:
+                if outcome in (Claim.NEW, Claim.RETAKEN):
+                    given_back.append(task_id)
+            elif outcome is Claim.DONE:
+                self._consumer.finish(message)
+                self._recorder.count("kafka", "duplicate")
+                logger.info("served record %s: task %s already ran, skipped", message.id, task_id)
+            elif outcome is Claim.HELD or (outcome is Claim.OURS and task_id in here):
+                self._parked[message.id] = (message, task)
+            else:
+                if outcome is Claim.RETAKEN:
+                    self._recorder.count("kafka", "retried")
+                    logger.info("served task %s taken over from a gone executor", task_id)
+                queue = _text(message.header(QUEUE_HEADER)) or ""
+                self._hand.wait(queue, KafkaTask(message, task, self.finished))
         if given_back:
             await self._release(given_back)
 
@@ -304,18 +267,6 @@ class ServeConsumer:
                 self._consumer.finish(message)
                 self._recorder.count("kafka", "duplicate")
 
-    def _held_here(self) -> set[str]:
-        with self._lock:
-            held = {task.task_id for buffer in self._buffers.values() for task in buffer}
-            held |= {task.task_id for task in self._in_hand.values()}
-            return held | self._finishing
-
-    def _queue_of(self, message: QueueMessage) -> str:
-        queue = _text(message.header(QUEUE_HEADER))
-        # A queue this executor was not configured with (MIRROR_STREAMS): served with the
-        # lowest priority rather than left unread.
-        return queue if queue in self._buffers else self._queues[-1]
-
     async def _release(self, task_ids: list[str]) -> None:
         assert self._claims is not None
         try:
@@ -328,18 +279,14 @@ class ServeConsumer:
 
     def take(self, queue: str) -> KafkaTask | None:
         """The next served task of ``queue``, or ``None`` at once when none is waiting."""
-        buffer = self._buffers.get(queue)
-        if buffer is None:
+        if not self._hand.knows(queue):
             if queue not in self._warned:
                 self._warned.add(queue)
                 logger.warning("queue %s is not in MIRROR_STREAMS; no Kafka tasks for it", queue)
             return None
-        with self._lock:
-            if not buffer:
-                return None
-            task = buffer.popleft()
-            task.handed_out_s = time.time()
-            self._in_hand[task.message.id] = task
+        task = self._hand.take(queue)
+        if task is None:
+            return None
         self._recorder.count("kafka", "started")
         wait_ms = task.handed_out_s * 1000 - task.message.timestamp_ms
         self._recorder.observe("kafka", "queue_wait", wait_ms)
@@ -347,11 +294,9 @@ class ServeConsumer:
 
     def finished(self, task: KafkaTask) -> None:
         """RAGFlow acked ``task`` (any thread)."""
-        with self._lock:
-            # Still "held here" until its done marker is written: a duplicate record read
-            # meanwhile is parked, not run.
-            self._finishing.add(task.task_id)
-            self._in_hand.pop(task.message.id, None)
+        # Still held here until its done marker is written: a duplicate record read
+        # meanwhile is parked, not run.
+        self._hand.acked(task)
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._done.put_nowait, task)
         self._recorder.count("kafka", "finished")
@@ -359,8 +304,7 @@ class ServeConsumer:
         self._on_finished(task.task_id)
 
     def in_hand(self) -> int:
-        with self._lock:
-            return len(self._in_hand)
+        return self._hand.in_hand()
 
     async def _run_finisher(self) -> None:
         while True:
@@ -384,9 +328,7 @@ class ServeConsumer:
                 logger.warning("could not mark %d task(s) done (again in 1 s): %s", len(batch), exc)
                 await asyncio.sleep(1)
         consumer = self._consumer
-        with self._lock:
-            for task in batch:
-                self._finishing.discard(task.task_id)
+        self._hand.marked_done(batch)
         if consumer is not None:
             for task in batch:
                 consumer.finish(task.message)  # False after a revoke: the new owner skips it
@@ -402,11 +344,7 @@ class ServeConsumer:
             return (message.topic, message.partition) in partitions
 
         self._revoked_lately |= partitions
-        with self._lock:
-            dropped: list[str] = []
-            for queue, buffer in self._buffers.items():
-                dropped += [task.task_id for task in buffer if revoked(task.message)]
-                self._buffers[queue] = deque(task for task in buffer if not revoked(task.message))
+        dropped = self._hand.drop_waiting(revoked)
         for message_id, (message, _) in list(self._parked.items()):
             if revoked(message):
                 del self._parked[message_id]
@@ -424,10 +362,7 @@ class ServeConsumer:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
-        with self._lock:
-            unused = [task.task_id for buffer in self._buffers.values() for task in buffer]
-            for buffer in self._buffers.values():
-                buffer.clear()
+        unused = self._hand.drop_waiting()
         if self._claims is not None:
             await self._release(unused)
             acked = []

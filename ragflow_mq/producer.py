@@ -13,6 +13,7 @@ lands later is skipped, and the breaker sends the next tasks to Redis until Kafk
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -73,6 +74,7 @@ class ServeProducer:
         self._sticky: OrderedDict[str, _Decision] = OrderedDict()
         self._sticky_lock = threading.Lock()  # RAGFlow's API may call from several threads
         self._producer: KafkaProducer | None = None
+        self._retiring: set[asyncio.Task[None]] = set()  # replaced producers, stopping
         self.breaker = Breaker(settings.serve.breaker_open_s)
         self._timeout_s = settings.serve.enqueue_timeout_ms / 1000
 
@@ -142,8 +144,9 @@ class ServeProducer:
             return None
 
     async def _send(self, outgoing: OutgoingMessage) -> None:
-        if self._producer is None:
-            self._producer = KafkaProducer(
+        producer = self._producer
+        if producer is None:
+            producer = self._producer = KafkaProducer(
                 self._settings.kafka,
                 # Each call waits for its own record, so lingering only adds latency; records
                 # of concurrent callers still share a request while one is in flight.
@@ -153,29 +156,35 @@ class ServeProducer:
                 request_timeout_ms=self._settings.serve.produce_timeout_ms,
                 client_id=f"{self._settings.kafka.client_id}-ragflow-mq",
             )
-        producer = self._producer
         try:
             await producer.start()
             await producer.send(
                 outgoing.destination, outgoing.value, key=outgoing.key, headers=outgoing.headers
             )
-        except SidecarError as exc:
-            if exc.needs_new_client or not producer.started:
+        except BaseException:  # a failure, or cancelled at the bound
+            # Replaced, never reused: after a broker restart an idempotent producer may retry
+            # an old batch for as long as it likes, and each record queued behind it (every
+            # probe of the breaker) would overrun the bound too.
+            if self._producer is producer:
                 self._producer = None
-                await _stop_quietly(producer)
+                task = asyncio.create_task(self._retire(producer))
+                self._retiring.add(task)
+                task.add_done_callback(self._retiring.discard)
             raise
+
+    async def _retire(self, producer: KafkaProducer) -> None:
+        try:
+            await asyncio.wait_for(
+                producer.stop(), 2 * self._settings.serve.produce_timeout_ms / 1000
+            )
+        except (SidecarError, TimeoutError) as exc:
+            logger.debug("dropping a broken producer: %s", exc)
 
     async def close(self) -> None:
         producer, self._producer = self._producer, None
         if producer is not None:
             await producer.stop()
-
-
-async def _stop_quietly(producer: KafkaProducer) -> None:
-    try:
-        await producer.stop()
-    except SidecarError as exc:
-        logger.debug("dropping a broken producer: %s", exc)
+        await asyncio.gather(*self._retiring, return_exceptions=True)
 
 
 def served_headers(queue: str, message: Mapping[str, Any], route: Route) -> list[tuple[str, bytes]]:

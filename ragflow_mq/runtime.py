@@ -14,10 +14,11 @@ from collections.abc import Callable
 from typing import Any
 
 from ragflow_mq.cap import effective_percent, parse_cap
-from ragflow_mq.consumer import KafkaTask, ServeConsumer
+from ragflow_mq.consumer import ServeConsumer
 from ragflow_mq.contract import Keys
 from ragflow_mq.evidence import Recorder, write
 from ragflow_mq.failures import watch_failures
+from ragflow_mq.hand import KafkaTask
 from ragflow_mq.loop import BackgroundLoop
 from ragflow_mq.producer import ServeProducer
 from sidecar.config import Settings

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import valkey.asyncio as avalkey
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from sidecar.config import Settings
@@ -30,6 +31,12 @@ class ServeWorld:
     unique: str
     tmp: Path
     env: dict[str, str] = field(default_factory=dict)
+    # A broker of the test's own (one it pauses or kills), else the session's.
+    kafka: str | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return self.kafka or self.stack.kafka.bootstrap_servers
 
     @property
     def streams(self) -> tuple[str, str]:
@@ -67,13 +74,25 @@ class ServeWorld:
     def executor(self, name: str, install: bool = True, **overrides: str) -> StandinProcess:
         return StandinProcess.executor(self.child_env(install, **overrides), self.tmp, name)
 
+    def supervised(self, name: str, install: bool = True, **overrides: str) -> StandinProcess:
+        """An executor under the entrypoint's restart loop (RAGFlow's ``task_exe()``)."""
+        env = self.child_env(install, **overrides)
+        return StandinProcess.supervised_executor(env, self.tmp, name)
+
     def api(
-        self, out: str, *, docs: int, tasks_per_doc: int, install: bool = True, **overrides: str
+        self,
+        out: str,
+        *,
+        docs: int,
+        tasks_per_doc: int,
+        rate: float = 0.0,
+        install: bool = True,
+        **overrides: str,
     ) -> tuple[StandinProcess, Path]:
         path = self.tmp / out
         process = StandinProcess.api(
             self.child_env(install, **overrides), self.tmp, path, docs=docs,
-            tasks_per_doc=tasks_per_doc,
+            tasks_per_doc=tasks_per_doc, rate=rate,
         )  # fmt: skip
         return process, path
 
@@ -82,7 +101,7 @@ class ServeWorld:
         path's tasks (a served task never reaches Redis) with the no-op handler."""
         env = sidecar_env(
             self.stack.valkey.url,
-            self.stack.kafka.bootstrap_servers,
+            self.bootstrap,
             ",".join(self.streams),
             self.unique,
             **{k: v for k, v in self.env.items() if k != "REDIS_URL"},
@@ -110,7 +129,7 @@ class ServeWorld:
 
     async def wait_members(self, count: int, timeout_s: float = 60.0) -> None:
         """Wait until the executors' Kafka group is stable with ``count`` members."""
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.stack.kafka.bootstrap_servers)
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
         await admin.start()
         try:
 
@@ -129,10 +148,50 @@ class ServeWorld:
         finally:
             await admin.close()
 
+    async def member_ids(self) -> set[str]:
+        """The member ids of the executors' Kafka group now (a member that left and came
+        back has a new one)."""
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+        await admin.start()
+        try:
+            responses = await admin.describe_consumer_groups([self.group])
+        finally:
+            await admin.close()
+        return {
+            str(member["member_id"])
+            for response in responses
+            for group in response.to_object()["groups"]
+            for member in group["members"]
+        }
 
-async def make_world(stack: LocalStack, unique: str, tmp: Path, **env: str) -> ServeWorld:
-    """Create the world's topics (priority 2 partitions, the rest 4) and its environment."""
-    world = ServeWorld(stack, unique, tmp)
+    async def kafka_settled(self) -> bool:
+        """Whether the executor group has committed every record of the world's topics (no
+        served record is left to hand out, or to hand out again)."""
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap)
+        await admin.start()
+        await consumer.start()
+        try:
+            committed = await admin.list_consumer_group_offsets(self.group)
+            topics = (f"{self.unique}.tasks", f"{self.unique}.tasks.priority")
+            tps = [
+                TopicPartition(t, p) for t, n in zip(topics, (4, 2), strict=True) for p in range(n)
+            ]
+            ends = await consumer.end_offsets(tps)
+        finally:
+            await consumer.stop()
+            await admin.close()
+        return all(
+            ends[tp] == 0 or (tp in committed and committed[tp].offset >= ends[tp]) for tp in tps
+        )
+
+
+async def make_world(
+    stack: LocalStack, unique: str, tmp: Path, kafka: str | None = None, **env: str
+) -> ServeWorld:
+    """Create the world's topics (priority 2 partitions, the rest 4) and its environment;
+    ``kafka``: the bootstrap servers of a broker of the test's own."""
+    world = ServeWorld(stack, unique, tmp, kafka=kafka)
     tasks_topic, priority_topic = f"{unique}.tasks", f"{unique}.tasks.priority"
     routes = {pattern: tasks_topic for pattern in DEFAULT_ROUTES}
     routes[PRIORITY_PARSE] = priority_topic
@@ -144,7 +203,7 @@ async def make_world(stack: LocalStack, unique: str, tmp: Path, **env: str) -> S
         await client.config_set("hz", 100)
     finally:
         await client.aclose()
-    admin = AIOKafkaAdminClient(bootstrap_servers=stack.kafka.bootstrap_servers)
+    admin = AIOKafkaAdminClient(bootstrap_servers=world.bootstrap)
     await admin.start()
     try:
         await admin.create_topics([NewTopic(tasks_topic, 4, 1), NewTopic(priority_topic, 2, 1)])
@@ -162,7 +221,7 @@ async def make_world(stack: LocalStack, unique: str, tmp: Path, **env: str) -> S
         "SERVE_KEY_PREFIX": unique,
         "SERVE_SESSION_TIMEOUT_MS": "6000",
         "REDIS_URL": stack.valkey.url,
-        "KAFKA_BOOTSTRAP_SERVERS": stack.kafka.bootstrap_servers,
+        "KAFKA_BOOTSTRAP_SERVERS": world.bootstrap,
         **env,
     }
     return world

@@ -336,8 +336,9 @@ def test_state_store_stays_in_ragflows_valkey_unless_the_profile_is_chosen(
     resolved: dict[str, Any], tmp_path: Path
 ) -> None:
     """sidecar-state is opt-in (profile state-store): a Valkey of the sidecar's own, noeviction,
-    its maxmemory from .env, its data on a volume, off RAGFlow's network; SIDECAR_STATE_URL
-    blank keeps the state in REDIS_URL's Valkey and pointing it there gives a separate store."""
+    its maxmemory from .env, its data on a volume, on RAGFlow's network too (RAGFlow's processes
+    keep their served-task claims there); SIDECAR_STATE_URL blank keeps the state in REDIS_URL's
+    Valkey and pointing it there gives a separate store."""
     environment = _service(resolved, "sidecar")["environment"]
     settings = Settings.from_env(environ=environment)
     assert environment["SIDECAR_STATE_URL"] == ""
@@ -349,7 +350,7 @@ def test_state_store_stays_in_ragflows_valkey_unless_the_profile_is_chosen(
     assert command[command.index("--maxmemory") + 1] == _env_example()["SIDECAR_STATE_MAXMEMORY"]
     volume = str(state["volumes"][0]).split(":")[0]
     assert volume in resolved["volumes"]
-    assert list(state["networks"]) == ["sidecar"]
+    assert sorted(state["networks"]) == ["ragflow", "sidecar"]
     assert "sidecar" in _service(resolved, "sidecar")["networks"]  # so the sidecar reaches it
 
     env_file = tmp_path / ".env"
@@ -871,6 +872,22 @@ def test_ragflow_override_defaults_serve_nothing_and_pass_validation(
         assert settings.kafka.bootstrap_servers == ("kafka:9092",)
         assert settings.kafka.consumer_group == "ragflow-task-executor"
         assert settings.mirror.streams == ("te.1.common", "te.0.common")
+        # The served tasks' claims: in the state store, RAGFlow's own Valkey unless
+        # SIDECAR_STATE_URL names another (then the same one as the sidecar's).
+        assert (settings.redis.host, settings.redis.db) == ("redis", 1)
+        assert environment["SIDECAR_STATE_URL"] == ""
+        assert settings.state == settings.redis
+
+
+def test_ragflow_override_gives_ragflow_the_sidecars_state_store(merged: dict[str, Any]) -> None:
+    result = _override_config(
+        RAGFLOW_MQ_SRC=str(REPO), SIDECAR_STATE_URL="redis://sidecar-state:6379/0"
+    )
+    assert result.returncode == 0, result.stderr
+    environment = _service(yaml.safe_load(result.stdout), "ragflow-cpu")["environment"]
+    settings = Settings.from_env(environ=environment)
+    assert (settings.state.host, settings.state.db) == ("sidecar-state", 0)
+    assert settings.redis.host == "redis"
 
 
 def test_ragflow_override_takes_the_shares_from_ragflows_env(merged: dict[str, Any]) -> None:

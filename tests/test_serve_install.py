@@ -3,11 +3,13 @@ refuses, and what it does when Kafka is away."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import json
 import re
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -17,7 +19,11 @@ import pytest
 import valkey
 
 import ragflow_mq
+from ragflow_mq.evidence import Recorder
+from ragflow_mq.loop import BackgroundLoop
+from ragflow_mq.producer import ServeProducer
 from sidecar.config import Settings
+from sidecar.config.routing import RouteTable
 from sidecar.dev.local_stack import LocalStack
 from tests.conftest import free_port
 from tests.ragflow_support import STANDIN_ROOT, StandinProcess, standin_env
@@ -265,3 +271,65 @@ async def test_queue_info_counts_kafka_tasks_in_hand_as_pending(
     assert info is not None and info["pending"] == 1  # none in Redis, one Kafka task in hand
     assert message.ack()
     assert conn.queue_info(low, GROUP)["pending"] == 0
+
+
+def _memory_task(memory_id: str) -> dict[str, Any]:
+    """A memory task (shape 5 of RAGFlow's queue): one on every agent turn of a conversation."""
+    task_id = uuid.uuid1().hex
+    return {"id": task_id, "task_id": task_id, "task_type": "memory", "memory_id": memory_id,
+            "tenant_id": "t1", "source_id": 1042,
+            "message_dict": {"user_id": "", "agent_id": "a1", "session_id": "s1",
+                             "user_input": "hi", "agent_response": "hello"}}  # fmt: skip
+
+
+async def test_a_lowered_cap_takes_a_hot_key_off_kafka_within_the_refresh(
+    stack: LocalStack, unique: str, tmp_path: Path, redis_conn: ModuleType
+) -> None:
+    """A memory with a task every 0.5 s and a sticky time of a minute: after the cap goes to
+    0, its tasks are on Redis within SERVE_CAP_REFRESH_S (measured from the change, not from
+    the key's last task, which is never more than 0.5 s ago)."""
+    world = await make_world(stack, unique, tmp_path)
+    refresh_s = 0.5
+    values = {**world.env, "KAFKA_SERVE_PERCENT": "100", "SERVE_STICKY_S": "60",
+              "SERVE_CAP_REFRESH_S": str(refresh_s)}  # fmt: skip
+    assert ragflow_mq.install(Settings.from_env(values))
+    conn = redis_conn.REDIS_CONN
+    client = valkey.Valkey.from_url(stack.valkey.url)
+    low = world.streams[1]
+    sent: list[tuple[float, bool]] = []  # (enqueued at, went to Redis)
+    capped_at = 0.0
+    for turn in range(16):
+        if turn == 6:
+            client.set(ragflow_mq.Keys(unique).cap, "0")  # what `gate --apply` writes
+            capped_at = time.monotonic()
+        before = client.xlen(low)
+        assert conn.queue_product(low, _memory_task("mem-hot"))
+        sent.append((time.monotonic(), client.xlen(low) > before))
+        await asyncio.sleep(0.5)
+    client.close()
+    assert not any(on_redis for _, on_redis in sent[:6]), "served before the cap: not on Kafka"
+    # The refresh's period, one read's latency and a busy machine's scheduling.
+    bound_s = refresh_s + 1.0
+    late = [
+        at - capped_at for at, on_redis in sent[6:] if not on_redis and at - capped_at > bound_s
+    ]
+    assert not late, f"still on Kafka {late} s after the cap went to 0"
+    assert sum(on_redis for _, on_redis in sent) >= 6
+
+
+def test_canvas_runs_and_dataset_jobs_each_take_their_own_place_in_the_share() -> None:
+    """Every canvas debug run carries doc_id ``dataflow_x`` and every dataset-wide job
+    ``graph_raptor_x``: keyed by those, each kind would be wholly in or out of the share."""
+    settings = Settings.from_env({"MQ_BACKEND": "split", "KAFKA_SERVE_PERCENT": "25"})
+    producer = ServeProducer(
+        settings, BackgroundLoop(), RouteTable(settings.mirror.routes), lambda: 25.0,
+        Recorder(), store=lambda: None, keys=ragflow_mq.Keys("unused"),
+    )  # fmt: skip
+    for fake_doc, task_type in (("dataflow_x", "dataflow"), ("graph_raptor_x", "raptor")):
+        runs = [
+            {"id": uuid.uuid1().hex, "doc_id": fake_doc, "task_type": task_type,
+             "kb_id": "kb1", "tenant_id": "t1", "dataflow_id": "flow1", "file": None}
+            for _ in range(2000)
+        ]  # fmt: skip
+        served = sum(producer.route("te.0.common", run) is not None for run in runs)
+        assert 20.0 <= served / 20 <= 30.0, f"{fake_doc}: {served / 20:.1f} % served at 25 %"

@@ -122,6 +122,41 @@ def test_the_known_variables_are_the_ones_read() -> None:
         Reader({}, KNOWN_VARIABLES).limited_to(["NOT_A_SIDECAR_VARIABLE"])
 
 
+def test_the_served_paths_defaults() -> None:
+    """Claims and done markers replaced the delivery counts: the attempts and the revoke wait
+    are gone, the enqueue is bounded in time, a key's path is kept 10 s from its decision."""
+    serve = Settings.from_env({}).serve
+    assert (serve.enqueue_timeout_ms, serve.breaker_open_s) == (2000, 30.0)
+    assert serve.produce_timeout_ms == 10000  # now only the producer's request timeout
+    assert serve.max_poll_interval_ms == 3_600_000
+    assert (serve.lease_s, serve.done_ttl_s, serve.sticky_s) == (30.0, 172_800, 10.0)
+    assert not {"SERVE_MAX_ATTEMPTS", "SERVE_REVOKE_WAIT_S"} & set(KNOWN_VARIABLES)
+
+
+@pytest.mark.parametrize(
+    ("variable", "lowest", "highest", "below", "above"),
+    [
+        ("SERVE_ENQUEUE_TIMEOUT_MS", "50", "60000", "49", "60001"),
+        ("SERVE_BREAKER_OPEN_S", "0.1", "3600", "0.09", "3600.5"),
+        ("SERVE_MAX_POLL_INTERVAL_MS", "1000", "86400000", "999", "86400001"),
+        ("SERVE_LEASE_S", "1", "3600", "0.5", "3601"),
+        ("SERVE_DONE_TTL_S", "600", "2592000", "599", "2592001"),
+    ],
+)
+def test_the_served_paths_bounds_are_refused_naming_the_variable(
+    variable: str, lowest: str, highest: str, below: str, above: str
+) -> None:
+    """Each end of the range is taken; one step past it stops RAGFlow's processes (and the
+    sidecar) with the variable named."""
+    for value in (lowest, highest):
+        Settings.from_env({variable: value})
+    for value in (below, above):
+        with pytest.raises(ConfigError) as caught:
+            Settings.from_env({variable: value})
+        assert caught.value.variable == variable
+        assert str(caught.value).startswith(f"{variable}: {value} is out of range")
+
+
 def test_secrets_never_show_in_reprs() -> None:
     settings = Settings.from_env(
         {

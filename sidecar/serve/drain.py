@@ -11,6 +11,10 @@ every partition. Records of one partition are taken strictly in offset order, on
   offset acked, and committed after it. A crash anywhere in between is harmless: a re-run
   finds the key and counts the record as already moved instead of moving it twice. A queue
   that is not one of ``MIRROR_STREAMS`` goes to the last of them, as the executors serve it.
+- a served record whose task already ran (its done marker is in the state store: finished
+  by an executor while an earlier record sat uncommitted behind a running task, or a record
+  that landed after ``queue_product`` had given the task to Redis): committed past. A task
+  moved is marked done (``redis``), so no other record of it runs from Kafka later.
 - a record without ``x-served`` (the mirror's copy of a stream entry): committed past.
 - a served record with no value, or no usable ``x-ragflow-queue``: to the DLQ with its bytes
   and the reason, then committed past.
@@ -28,6 +32,7 @@ from typing import Any
 from aiokafka.admin import AIOKafkaAdminClient
 from valkey.commands.core import AsyncScript
 
+from ragflow_mq.claims import REDIS_MARKER
 from ragflow_mq.contract import Keys
 from sidecar.config import Settings
 from sidecar.config.routing import RouteTable
@@ -80,6 +85,7 @@ class DrainReport:
     absent_topics: list[str] = field(default_factory=list)
     moved: Counter[str] = field(default_factory=Counter)  # stream -> records moved now
     already_moved: int = 0  # served records an earlier run moved (its commit was lost)
+    already_done: int = 0  # served records whose task ran already (its done marker is set)
     skipped_mirror: int = 0  # records without x-served: the mirror's copies of entries
     dead_lettered: Counter[str] = field(default_factory=Counter)  # reason -> records
     complete: bool = True
@@ -94,6 +100,7 @@ class DrainReport:
             "moved": dict(self.moved),
             "moved_total": sum(self.moved.values()),
             "already_moved": self.already_moved,
+            "already_done": self.already_done,
             "skipped_mirror": self.skipped_mirror,
             "dead_lettered": dict(self.dead_lettered),
             "complete": self.complete,
@@ -182,10 +189,12 @@ class _Drain:
         self._keys = Keys(settings.serve.key_prefix)
         self._streams = settings.mirror.streams
         self._where = settings.redis.display_url
+        self._state: Any = None
 
     async def run(self, admin: AIOKafkaAdminClient, deadline: float) -> None:
         settings, report = self._settings, self._report
         client = create_client(settings.redis)
+        self._state = create_client(settings.state)
         script = client.register_script(DRAIN_SCRIPT)
         consumer = KafkaConsumer(
             settings.kafka,
@@ -213,6 +222,7 @@ class _Drain:
                 await self._read(consumer, script, dlq, ends, deadline)
         finally:
             await client.aclose()
+            await self._state.aclose()
 
     async def _check_alone(self, admin: AIOKafkaAdminClient, consumer: KafkaConsumer) -> None:
         """Refuse unless this run holds every partition and is the group's only member: an
@@ -284,6 +294,14 @@ class _Drain:
                 logger.warning(
                     "%s names %r, not a task stream: moved to %s", message.id, queue, stream
                 )
+            task_id = _task_id(message.value)
+            done = self._keys.done(task_id) if task_id else None
+            state_where = self._settings.state.display_url
+            if done is not None:
+                with translate_valkey_errors("read a done marker", state_where):
+                    if await self._state.exists(done):
+                        report.already_done += 1
+                        return
             drained = self._keys.drained(message.topic, message.partition, message.offset)
             with translate_valkey_errors(f"move a record to {stream}", self._where):
                 created, _ = await script(keys=[drained, stream], args=[message.value])
@@ -291,6 +309,11 @@ class _Drain:
                 report.moved[stream] += 1
             else:
                 report.already_moved += 1
+            if done is not None:
+                # After the move: a crash between the two is caught by the drained key.
+                ttl_s = self._settings.serve.done_ttl_s
+                with translate_valkey_errors("mark a moved task", state_where):
+                    await self._state.set(done, REDIS_MARKER, ex=ttl_s)
             return
         await self._dead_letter(message, dlq, reason, detail, queue)
 
@@ -323,6 +346,16 @@ class _Drain:
         logger.warning("dead-lettered %s: %s", message.id, detail)
 
 
+def _task_id(value: bytes | None) -> str | None:
+    """The task's id, when the record is a JSON object with a string id."""
+    try:
+        task = json.loads(value or b"")
+    except ValueError:
+        return None
+    task_id = task.get("id") if isinstance(task, dict) else None
+    return task_id if isinstance(task_id, str) else None
+
+
 def render_drain(report: DrainReport) -> str:
     """The summary: moved per stream, already moved, skipped mirror copies, dead-lettered."""
     lines = [f"drain-to-redis: group {report.group}, topics {', '.join(report.topics) or '(none)'}"]
@@ -333,6 +366,7 @@ def render_drain(report: DrainReport) -> str:
     lines += [
         f"moved in all: {sum(report.moved.values())}",
         f"already moved by an earlier run: {report.already_moved}",
+        f"skipped (their task ran already): {report.already_done}",
         f"skipped (mirror copies, not served): {report.skipped_mirror}",
         f"dead-lettered: {sum(report.dead_lettered.values())}"
         + "".join(f", {reason} {n}" for reason, n in sorted(report.dead_lettered.items())),

@@ -3,7 +3,8 @@
 ``python -m ragflow_api --docs N --tasks-per-doc M [--priority-every K] [--rate R] --out FILE``
 queues N documents of M parse tasks each, in order, through
 ``REDIS_CONN.queue_product(get_svr_queue_name(priority), message=task)``, and writes one JSON line
-per task to FILE: ``{"task_id", "doc_id", "from_page", "priority", "queue", "ok"}``. Document i
+per task to FILE: ``{"task_id", "doc_id", "from_page", "priority", "queue", "ok", "took_s"}``
+(``took_s``: how long ``queue_product`` held RAGFlow's caller). Document i
 (from 0) is at priority 1 when K > 0 and i % K == 0. ``--rate`` is tasks per second, 0 = as fast
 as possible. Exit 0, or 1 when a ``queue_product`` returned False (after writing its line).
 
@@ -31,7 +32,7 @@ from rag.utils.redis_conn import REDIS_CONN
 PAGE_SIZE = 12
 
 Task = dict[str, Any]
-OnQueued = Callable[[Task, str, bool], None]
+OnQueued = Callable[[Task, str, bool, float], None]
 
 
 def _date(ms: int) -> str:
@@ -73,14 +74,15 @@ def queue_tasks(
 ) -> list[Task]:
     """Queue ``n`` tasks of ``doc_id`` in page order; raises AssertionError as RAGFlow's assert.
 
-    ``on_queued(task, queue, ok)`` is called after each ``queue_product``, before the check.
+    ``on_queued(task, queue, ok, took_s)`` is called after each ``queue_product``, before the check.
     """
     tasks = build_tasks(doc_id, n, priority)
     for task in tasks:
         queue = settings.get_svr_queue_name(priority)
+        started = time.monotonic()
         ok = REDIS_CONN.queue_product(queue, message=task)
         if on_queued is not None:
-            on_queued(task, queue, ok)
+            on_queued(task, queue, ok, time.monotonic() - started)
         if not ok:
             raise AssertionError("Can't access Redis. Please check the Redis' status.")
     return tasks
@@ -100,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     sent = 0
     with open(args.out, "w", encoding="utf-8") as out:
 
-        def on_queued(task: Task, queue: str, ok: bool) -> None:
+        def on_queued(task: Task, queue: str, ok: bool, took_s: float) -> None:
             nonlocal sent
             line = {
                 "task_id": task["id"],
@@ -109,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                 "priority": task["priority"],
                 "queue": queue,
                 "ok": ok,
+                "took_s": round(took_s, 4),
             }
             out.write(json.dumps(line) + "\n")
             out.flush()
