@@ -244,6 +244,7 @@ class ServeConsumer:
                     logger.info("served task %s taken over from a gone executor", task_id)
                 queue = _text(message.header(QUEUE_HEADER)) or ""
                 self._hand.wait(queue, KafkaTask(message, task, self.finished))
+                here.add(task_id)  # a second record of it in this batch is parked
         if given_back:
             await self._release(given_back)
 

@@ -96,8 +96,15 @@ def _patched_methods(runtime: Runtime) -> dict[str, Callable[..., Any]]:
         info = original["queue_info"](queue, group_name)
         consumer = runtime.consumer
         in_hand = consumer.in_hand() if consumer is not None else 0
-        if in_hand and isinstance(info, dict):
-            info = {**info, "pending": int(info.get("pending") or 0) + in_hand}
+        backlog = runtime.served_backlog(queue)
+        if not (in_hand or backlog) or not isinstance(info, dict | None):
+            return info
+        # RAGFlow reads "lag" as the tasks ahead of a document: a served document's are in
+        # Kafka. No group on the stream (every task served) is still a queue with work.
+        info = dict(info) if info is not None else {"name": group_name, "consumers": 0,
+                                                    "pending": 0, "lag": 0}  # fmt: skip
+        info["lag"] = int(info.get("lag") or 0) + backlog
+        info["pending"] = int(info.get("pending") or 0) + in_hand
         return info
 
     return {

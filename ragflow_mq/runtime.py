@@ -13,6 +13,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import valkey
+
+from ragflow_mq.backlog import ServedBacklog
 from ragflow_mq.cap import effective_percent, parse_cap
 from ragflow_mq.consumer import ServeConsumer
 from ragflow_mq.contract import Keys
@@ -31,6 +34,7 @@ PATCHED = ("queue_product", "queue_consumer", "get_unacked_iterator", "queue_inf
 _ENTRY_ID = re.compile(r"^(\d+)-\d+$")
 _CONSUMER_RETRY_S = 5.0
 _CLOSE_TIMEOUT_S = 10.0
+_BACKLOG_REFRESH_S = 5.0
 
 
 class RedisTask:
@@ -73,6 +77,9 @@ class Runtime:
         self._conn = conn
         self.originals: dict[str, Callable[..., Any]] = {n: getattr(conn, n) for n in PATCHED}
         self._store: Any = None
+        self._state_sync: valkey.Valkey | None = None
+        self.backlog = ServedBacklog(settings, self.routes)
+        self._backlog_started = False
         self.producer = self._new_producer()
         self.consumer: ServeConsumer | None = None
         self._lock = threading.Lock()
@@ -94,6 +101,9 @@ class Runtime:
         self.loop = BackgroundLoop()
         self.recorder = Recorder()
         self._store = None
+        self._state_sync = None
+        self.backlog = ServedBacklog(self.settings, self.routes)
+        self._backlog_started = False
         self.producer = self._new_producer()
         self.consumer = None
         self._starting = None
@@ -123,9 +133,17 @@ class Runtime:
         """RAGFlow's slots filled by Redis tasks (the Kafka side fetches only for the rest)."""
         return sum(1 for path in list(self._paths.values()) if path == "redis")
 
-    def redis(self) -> Any:
-        """RAGFlow's own synchronous client, looked up each time (RAGFlow may reopen it)."""
-        return self._conn.REDIS
+    def sync_store(self) -> Any:
+        """The synchronous client of the cap and the evidence: RAGFlow's own (looked up each
+        time, RAGFlow may reopen it) unless ``SIDECAR_STATE_URL`` names a state store apart,
+        where they live beside the claims, out of reach of RAGFlow's LRU eviction."""
+        if self.settings.state == self.settings.redis:
+            return self._conn.REDIS
+        if self._state_sync is None:
+            self._state_sync = valkey.Valkey(
+                **self.settings.state.client_kwargs(), socket_connect_timeout=5
+            )
+        return self._state_sync
 
     # -- the share ---------------------------------------------------------------------------
 
@@ -135,7 +153,7 @@ class Runtime:
 
     def read_cap(self) -> None:
         try:
-            raw = self.redis().get(self.keys.cap)
+            raw = self.sync_store().get(self.keys.cap)
         except Exception as exc:
             if not self._cap_warned:
                 self._cap_warned = True
@@ -190,12 +208,32 @@ class Runtime:
         if not pending:
             return
         try:
-            pipe = self.redis().pipeline(transaction=False)
+            pipe = self.sync_store().pipeline(transaction=False)
             write(pipe, self.keys, pending)
             pipe.execute()
         except Exception as exc:
             self.recorder.restore(pending)
             logger.warning("ragflow_mq could not write its evidence (kept for later): %s", exc)
+
+    def served_backlog(self, queue: str) -> int:
+        """Served records of ``queue`` not yet acked, as last read (0 until the first read,
+        and always 0 where nothing is ever served)."""
+        if self.settings.serve.percent <= 0 or self._closed:
+            return 0
+        if not self._backlog_started:
+            with self._lock:
+                if not self._backlog_started:
+                    self._backlog_started = True
+                    self.loop.spawn(self._refresh_backlog, "ragflow-mq-backlog")
+        return self.backlog.by_queue.get(queue, 0)
+
+    async def _refresh_backlog(self) -> None:
+        try:
+            while True:
+                await self.backlog.refresh()
+                await asyncio.sleep(_BACKLOG_REFRESH_S)
+        finally:
+            await self.backlog.close()
 
     # -- consuming ---------------------------------------------------------------------------
 
@@ -307,3 +345,5 @@ class Runtime:
         self.loop.close([stop_consumer, self.producer.close, close_store], _CLOSE_TIMEOUT_S)
         # From the calling thread: at interpreter exit the loop's thread pool is already shut.
         self.flush_evidence()
+        if self._state_sync is not None:
+            self._state_sync.close()  # type: ignore[no-untyped-call]

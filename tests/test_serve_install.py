@@ -25,8 +25,9 @@ from ragflow_mq.producer import ServeProducer
 from sidecar.config import Settings
 from sidecar.config.routing import RouteTable
 from sidecar.dev.local_stack import LocalStack
+from sidecar.dev.local_stack.valkey import LocalValkey
 from tests.conftest import free_port
-from tests.ragflow_support import STANDIN_ROOT, StandinProcess, standin_env
+from tests.ragflow_support import STANDIN_ROOT, StandinProcess, standin_env, wait_until
 from tests.serve_support import make_world
 
 GROUP = "rag_flow_svr_task_broker"
@@ -273,6 +274,24 @@ async def test_queue_info_counts_kafka_tasks_in_hand_as_pending(
     assert conn.queue_info(low, GROUP)["pending"] == 0
 
 
+async def test_queue_info_counts_the_served_backlog_in_lag(
+    stack: LocalStack, unique: str, tmp_path: Path, redis_conn: ModuleType
+) -> None:
+    """RAGFlow's "tasks ahead in the queue" is the group's lag: served documents' tasks wait
+    in Kafka, and count there too (here no stream exists at all: every task was served)."""
+    world = await make_world(stack, unique, tmp_path, KAFKA_SERVE_PERCENT="100")
+    assert ragflow_mq.install(Settings.from_env(world.env))
+    conn, high, low = redis_conn.REDIS_CONN, *world.streams
+    for task in _tasks(f"{unique}doc", 3):
+        assert conn.queue_product(low, task)
+    assert conn.queue_product(high, _tasks(f"{unique}first", 1)[0])
+
+    def lag(queue: str) -> int:
+        return int((conn.queue_info(queue, GROUP) or {}).get("lag") or 0)
+
+    await wait_until(lambda: (lag(high), lag(low)) == (1, 3), 30, what="a lag of 1 and 3 tasks")
+
+
 def _memory_task(memory_id: str) -> dict[str, Any]:
     """A memory task (shape 5 of RAGFlow's queue): one on every agent turn of a conversation."""
     task_id = uuid.uuid1().hex
@@ -333,3 +352,48 @@ def test_canvas_runs_and_dataset_jobs_each_take_their_own_place_in_the_share() -
         ]  # fmt: skip
         served = sum(producer.route("te.0.common", run) is not None for run in runs)
         assert 20.0 <= served / 20 <= 30.0, f"{fake_doc}: {served / 20:.1f} % served at 25 %"
+
+
+async def test_with_a_state_store_apart_the_served_keys_live_there(
+    stack: LocalStack,
+    unique: str,
+    tmp_path: Path,
+    redis_conn: ModuleType,
+    state_valkey: LocalValkey,
+) -> None:
+    """With SIDECAR_STATE_URL set, the cap, the evidence, the claims and the done markers are
+    in the state store, none in RAGFlow's Valkey (an LRU cache that evicts keys with a TTL)."""
+    world = await make_world(stack, unique, tmp_path, KAFKA_SERVE_PERCENT="100")
+    settings = Settings.from_env({**world.env, "SIDECAR_STATE_URL": state_valkey.url})
+    assert ragflow_mq.install(settings)
+    conn = redis_conn.REDIS_CONN
+    runtime = conn._ragflow_mq_runtime
+    keys = ragflow_mq.Keys(unique)
+    state = valkey.Valkey(**settings.state.client_kwargs())
+    ragflow = valkey.Valkey.from_url(stack.valkey.url)
+    state.set(keys.cap, "0")
+    runtime.read_cap()
+    assert runtime.percent() == 0
+    state.set(keys.cap, "100")
+    runtime.read_cap()
+    task = _tasks(f"{unique}doc", 1)[0]
+    assert conn.queue_product(world.streams[1], task)
+    taken: list[Any] = []
+
+    def handed_out() -> bool:
+        message = conn.queue_consumer(world.streams[1], GROUP, "task_executor_common_s_0")
+        if message is not None:
+            taken.append(message)
+        return bool(taken)
+
+    await wait_until(handed_out, 60, what="the served task handed out")
+    assert taken[0].get_message()["id"] == task["id"]
+    assert state.get(keys.claim(task["id"])) is not None
+    taken[0].ack()
+    await wait_until(lambda: state.exists(keys.done(task["id"])) == 1, 10, what="done marker")
+    assert state.exists(keys.claim(task["id"])) == 0
+    runtime.flush_evidence()
+    assert int(state.hget(keys.evidence_total, "kafka:finished") or 0) == 1
+    assert ragflow.keys(f"{unique}:*") == [], "a served key in RAGFlow's Valkey"
+    state.close()
+    ragflow.close()

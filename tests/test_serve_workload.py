@@ -216,3 +216,29 @@ async def test_a_task_that_kills_its_executor_is_abandoned_by_retry_count(
     totals = await valkey_client.hgetall(Keys(unique).evidence_total)
     assert int(totals.get(b"kafka:dead_lettered", 0)) == 0
     assert by_path(records) == {path: len(records)}
+
+
+async def test_a_second_record_of_a_finished_task_is_skipped(
+    stack: LocalStack, unique: str, tmp_path: Path, valkey_client: avalkey.Valkey
+) -> None:
+    """A task id recorded twice in Kafka (a producer's retry after a lost acknowledgement, a
+    copy written by hand) runs once; the second record is counted as a duplicate."""
+    world = await make_world(stack, unique, tmp_path, KAFKA_SERVE_PERCENT="100")
+    settings = world.settings()
+    low = world.streams[1]
+    routes = RouteTable(settings.mirror.routes)
+    twice = {"id": f"{unique}twice", "doc_id": f"{unique}d1", "from_page": 0, "to_page": 12}
+    once = {"id": f"{unique}once", "doc_id": f"{unique}d2", "from_page": 0, "to_page": 12}
+    async with KafkaProducer(settings.kafka) as producer:
+        for task in (twice, once, twice):
+            route = routes.route(task, 0)
+            headers = served_headers(low, task, route)
+            await producer.send(route.topic, encode_task(task), key=route.key, headers=headers)
+    with world.executor("task_executor_common_t_0") as executor:
+        await world.wait_executed(valkey_client, {twice["id"], once["id"]}, timeout_s=60)
+        await wait_until(world.kafka_settled, 60, interval_s=0.5, what="every record committed")
+        executor.terminate()
+    counts = Counter(str(r["task_id"]) for r in await world.executed(valkey_client))
+    assert counts == {twice["id"]: 1, once["id"]: 1}
+    totals = await valkey_client.hgetall(Keys(unique).evidence_total)
+    assert int(totals[b"kafka:duplicate"]) == 1

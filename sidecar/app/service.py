@@ -118,8 +118,9 @@ class Sidecar(Lifecycle):
             if observed
             else None
         )
-        # Reads what RAGFlow's processes record about the served share, for /metrics only.
-        self.served = ServedEvidencePoller(settings, client=self.ragflow_client)
+        # Reads what RAGFlow's processes record about the served share (in the state store,
+        # as their claims), for /metrics only.
+        self.served = ServedEvidencePoller(settings, client=self.state_client)
         # Reads the state store's memory and evictions, for /metrics only.
         self.state_memory = StateMemoryPoller(
             self.state_client, settings.state.display_url, interval_s=settings.metrics.state_poll_s

@@ -159,10 +159,10 @@ async def read_served(
     """The window's evidence (one pipelined HGETALL per minute) and the cap, in one trip."""
     keys = Keys(settings.serve.key_prefix)
     names = window_keys(keys, since_s, until_s)
-    client = create_client(settings.redis)
+    client = create_client(settings.state)
     try:
         with translate_valkey_errors(
-            "read the served share's evidence", settings.redis.display_url
+            "read the served share's evidence", settings.state.display_url
         ):
             pipe = client.pipeline(transaction=False)
             for name in names:
@@ -204,9 +204,9 @@ async def lower_cap(settings: Settings, previous: float | None) -> str:
     """Lower the cap to 0; the script keeps a value already lower and never raises one, so a
     gate applying at the same time as another (or as an operator) cannot undo it."""
     keys = Keys(settings.serve.key_prefix)
-    client = create_client(settings.redis)
+    client = create_client(settings.state)
     try:
-        with translate_valkey_errors(f"lower the cap {keys.cap}", settings.redis.display_url):
+        with translate_valkey_errors(f"lower the cap {keys.cap}", settings.state.display_url):
             now = parse_cap(await _eval(client, LOWER_SCRIPT, keys.cap, "0"))
     finally:
         await client.aclose()
@@ -233,9 +233,9 @@ async def clear_cap(settings: Settings) -> str:
     The cap is set to 100 rather than deleted: a RAGFlow process that sees its cap vanish
     takes it for an eviction and keeps the last value, so only this lifts it."""
     keys = Keys(settings.serve.key_prefix)
-    client = create_client(settings.redis)
+    client = create_client(settings.state)
     try:
-        with translate_valkey_errors(f"delete the cap {keys.cap}", settings.redis.display_url):
+        with translate_valkey_errors(f"delete the cap {keys.cap}", settings.state.display_url):
             previous = parse_cap(await client.get(keys.cap))
             await client.set(keys.cap, "100")
     finally:

@@ -79,7 +79,7 @@ class ServedEvidencePoller(Poller):
             return False
         now = time.time()
         recent = window_keys(self._keys, now - RECENT_S, now)
-        where = self._settings.redis.display_url
+        where = self._settings.state.display_url
         try:
             with translate_valkey_errors("read the served share's evidence", where):
                 pipe = self._client.pipeline(transaction=False)
