@@ -243,7 +243,8 @@ class ServeConsumer:
                     self._recorder.count("kafka", "retried")
                     logger.info("served task %s taken over from a gone executor", task_id)
                 queue = _text(message.header(QUEUE_HEADER)) or ""
-                self._hand.wait(queue, KafkaTask(message, task, self.finished))
+                retaken = outcome is Claim.RETAKEN
+                self._hand.wait(queue, KafkaTask(message, task, self.finished, retaken=retaken))
                 here.add(task_id)  # a second record of it in this batch is parked
         if given_back:
             await self._release(given_back)

@@ -17,10 +17,17 @@ class KafkaTask:
     """What ``queue_consumer`` returns for a served record: RAGFlow's ``RedisMsg`` interface."""
 
     def __init__(
-        self, message: QueueMessage, task: dict[str, Any], on_ack: Callable[[KafkaTask], None]
+        self,
+        message: QueueMessage,
+        task: dict[str, Any],
+        on_ack: Callable[[KafkaTask], None],
+        *,
+        retaken: bool = False,
     ) -> None:
         self.message = message
         self._task = task
+        # Taken over from an executor that died holding it: maybe what killed it.
+        self.retaken = retaken
         self._on_ack = on_ack
         self.handed_out_s = time.time()
         self._acked = False
@@ -80,14 +87,21 @@ class Hand:
             self._buffers[queue if queue in self._buffers else self._queues[-1]].append(task)
 
     def take(self, queue: str) -> KafkaTask | None:
+        """The first waiting task of ``queue``, except that a retaken task waits while another
+        retaken one runs: a task that kills its executor then dies alone, and the tasks that
+        died beside it run once more and finish instead of dying with it again, three times,
+        until RAGFlow's retry_count abandons them too."""
         with self._lock:
             buffer = self._buffers[queue]
-            if not buffer:
-                return None
-            task = buffer.popleft()
-            task.handed_out_s = time.time()
-            self._in_hand[task.message.id] = task
-            return task
+            suspect_running = any(task.retaken for task in self._in_hand.values())
+            for index, task in enumerate(buffer):
+                if task.retaken and suspect_running:
+                    continue
+                del buffer[index]
+                task.handed_out_s = time.time()
+                self._in_hand[task.message.id] = task
+                return task
+            return None
 
     def acked(self, task: KafkaTask) -> None:
         with self._lock:

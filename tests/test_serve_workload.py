@@ -171,16 +171,23 @@ async def test_a_task_that_kills_its_executor_is_abandoned_by_retry_count(
     stack: LocalStack, unique: str, tmp_path: Path, valkey_client: avalkey.Valkey, path: str
 ) -> None:
     """A poison task kills its executor each time it runs; the entrypoint restarts it. RAGFlow
-    abandons it on the fourth delivery (its own retry_count); its neighbours, fetched with it
-    and never run, run normally, and nothing reaches a DLQ."""
+    abandons it on the fourth delivery (its own retry_count); nothing reaches a DLQ.
+
+    The four tasks queued before it are running when it strikes. On Redis they are replayed
+    with it after each restart and die with it each time, until RAGFlow abandons them too
+    (printed, not asserted: that is RAGFlow's own behaviour). On Kafka, tasks taken over from
+    a dead executor run one at a time, so they die beside the poison once at most, and run.
+    """
     world = await make_world(stack, unique, tmp_path, KAFKA_SERVE_PERCENT=PERCENT[path])
     settings = world.settings()
     low = world.streams[1]
     tasks = [
-        {"id": f"{unique}{i:03d}", "doc_id": f"{unique}doc{i}", "from_page": 0, "to_page": 12}
+        {"id": f"{unique}{i:03d}", "doc_id": f"{unique}doc", "from_page": 12 * i,
+         "to_page": 12 * i + 12}
         for i in range(12)
-    ]
-    poison = tasks[0]["id"]
+    ]  # fmt: skip
+    poison = tasks[4]["id"]
+    neighbours = {t["id"] for t in tasks} - {poison}
     await valkey_client.sadd(f"{world.results}:poison", poison)  # type: ignore[misc]
     if path == "redis":
         for task in tasks:
@@ -192,30 +199,32 @@ async def test_a_task_that_kills_its_executor_is_abandoned_by_retry_count(
                 route = routes.route(task, 0)
                 headers = served_headers(low, task, route)
                 await producer.send(route.topic, encode_task(task), key=route.key, headers=headers)
-    with world.supervised("task_executor_common_p_0", STANDIN_WORK_MS="50") as executor:
-        await world.wait_executed(valkey_client, {t["id"] for t in tasks}, timeout_s=120)
+    with world.supervised("task_executor_common_p_0", STANDIN_WORK_MS="300") as executor:
 
-        async def abandoned() -> bool:
-            return poison in await _abandoned(valkey_client, world)
+        async def ended() -> bool:
+            done = (await _done_at(valkey_client, world)).keys()
+            abandoned = set(await _abandoned(valkey_client, world))
+            return poison in abandoned and neighbours <= done | abandoned
 
-        await wait_until(abandoned, 120, what="the poison task abandoned")
-
-        async def all_done() -> bool:
-            done = await _done_at(valkey_client, world)
-            return {t["id"] for t in tasks[1:]} <= done.keys()
-
-        await wait_until(all_done, 60, what="the neighbours done")
+        await wait_until(ended, 180, what="every task done or abandoned")
         await wait_until(lambda: _settled(world, valkey_client, path), 60, what="settled")
         executor.terminate()
     records = await world.executed(valkey_client)
     counts = Counter(str(r["task_id"]) for r in records)
-    print(f"{path}: poison ran {counts[poison]} times; neighbours {sorted(counts.values())}")
+    abandoned = await _abandoned(valkey_client, world)
+    runs = sorted(counts[t] for t in neighbours)
+    print(
+        f"{path}: poison ran {counts[poison]} times; neighbours {runs}; abandoned "
+        f"{len(abandoned)} ({len(set(abandoned) - {poison})} neighbours)"
+    )
     assert counts[poison] == 3
-    assert await _abandoned(valkey_client, world) == [poison]
-    assert all(counts[t["id"]] >= 1 for t in tasks[1:])
+    assert poison in abandoned
     totals = await valkey_client.hgetall(Keys(unique).evidence_total)
     assert int(totals.get(b"kafka:dead_lettered", 0)) == 0
     assert by_path(records) == {path: len(records)}
+    if path == "kafka":
+        assert abandoned == [poison]
+        assert all(1 <= counts[t] <= 2 for t in neighbours), counts
 
 
 async def test_a_second_record_of_a_finished_task_is_skipped(
