@@ -20,7 +20,7 @@ its group), not counted. One executor loop takes about 130 tasks/s (each empty p
 read blocks 5 ms): above that pickup times the backlog, as the output then says. No timed
 target: exit 0, or 1 when a task was not queued, not picked up, or picked up more than once.
 
-Usage: .venv/bin/python bench/serve_latency.py [--tasks 2000] [--rate 200] [--percent 50]
+Usage: .venv/bin/python bench/serve_latency.py [--tasks 2000] [--rate 100] [--percent 50]
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ def check(
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=2000, help="measured tasks")
-    parser.add_argument("--rate", type=float, default=200.0, help="tasks queued a second")
+    parser.add_argument("--rate", type=float, default=100.0, help="tasks queued a second")
     parser.add_argument("--percent", type=int, default=50, help="KAFKA_SERVE_PERCENT")
     parser.add_argument("--tasks-per-doc", type=int, default=1)
     parser.add_argument("--valkey-hz", type=int, default=500, help="0: Valkey's default (10)")

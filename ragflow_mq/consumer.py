@@ -20,6 +20,7 @@ Only a record RAGFlow cannot take (no JSON object with an id) goes to the DLQ.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -40,9 +41,9 @@ from sidecar.transport.message import QueueMessage, decode_task
 logger = logging.getLogger(__name__)
 
 _FETCH_TIMEOUT_MS = 500
-# While every slot is busy: poll paused partitions this often (keeps the member in the group
-# and notices a free slot soon after RAGFlow's ack).
-_BUSY_POLL_MS = 100
+# While every slot is busy, paused partitions are polled at least this often (it keeps the
+# member in the group); a slot that frees wakes the fetch at once.
+_BUSY_POLL_S = 1.0
 _RECHECK_S = 1.0  # parked records: is their task done, or its holder gone?
 
 Served = tuple[QueueMessage, dict[str, Any]]
@@ -81,6 +82,7 @@ class ServeConsumer:
         self._claims: Claims | None = None
         self._dlq: DeadLetters | None = None
         self._stopping = asyncio.Event()
+        self._slot_freed = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._warned: set[str] = set()
         # Partitions revoked since the last fetch returned: records of theirs claimed meanwhile
@@ -92,6 +94,7 @@ class ServeConsumer:
         self._loop = asyncio.get_running_loop()
         self._done = asyncio.Queue()
         self._stopping = asyncio.Event()
+        self._slot_freed = asyncio.Event()
         self._claims = Claims(
             self._store,
             self._keys,
@@ -149,13 +152,19 @@ class ServeConsumer:
             if self._parked and now >= next_recheck:
                 next_recheck = now + _RECHECK_S
                 await self._recheck_parked()
+            self._slot_freed.clear()
             room = self.room()
             if room <= 0:
                 # Paused, not idle: polling keeps the member in the group through hour-long
                 # tasks, and the records wait for this member's next free slot in Kafka, not
                 # in a buffer where nobody else could see them.
                 consumer.pause_all_but(())
-                batch = await consumer.poll_batch(1, _BUSY_POLL_MS)
+                batch = await consumer.poll_batch(1, 0)
+                if not batch:
+                    wait_s = min(_BUSY_POLL_S, self._settings.serve.max_poll_interval_ms / 4000)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._slot_freed.wait(), wait_s)
+                    continue
             else:
                 consumer.resume_all()
                 batch = await consumer.poll_batch(room, _FETCH_TIMEOUT_MS)
@@ -279,6 +288,11 @@ class ServeConsumer:
 
     # -- RAGFlow's calls (its thread) ---------------------------------------------------------
 
+    def wake(self) -> None:
+        """A slot may have freed (any thread): fetch for it now rather than at the next poll."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._slot_freed.set)
+
     def take(self, queue: str) -> KafkaTask | None:
         """The next served task of ``queue``, or ``None`` at once when none is waiting."""
         if not self._hand.knows(queue):
@@ -299,6 +313,7 @@ class ServeConsumer:
         # Still held here until its done marker is written: a duplicate record read
         # meanwhile is parked, not run.
         self._hand.acked(task)
+        self.wake()
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._done.put_nowait, task)
         self._recorder.count("kafka", "finished")

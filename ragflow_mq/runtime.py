@@ -291,6 +291,8 @@ class Runtime:
         message = task.get_message()
         if isinstance(message, dict):
             self._paths.pop(str(message.get("id")), None)
+        if self.consumer is not None:
+            self.consumer.wake()  # the slot it held may take a served task now
 
     def forget(self, task_id: str) -> None:
         self._paths.pop(task_id, None)
