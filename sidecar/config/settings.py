@@ -40,6 +40,7 @@ from sidecar.config.model import (
     ShadowSettings,
     TracingSettings,
 )
+from sidecar.config.rollout import ROLLOUT, RolloutSettings, build_rollout
 from sidecar.config.serve import GATE, SERVE, GateSettings, ServeSettings, build_gate, build_serve
 from sidecar.config.service_conf import read_service_conf
 from sidecar.transport.options import (
@@ -68,6 +69,7 @@ class Settings:
     tracing: TracingSettings = field(default_factory=TracingSettings)
     serve: ServeSettings = field(default_factory=ServeSettings)
     gate: GateSettings = field(default_factory=GateSettings)
+    rollout: RolloutSettings = field(default_factory=RolloutSettings)
 
     @classmethod
     def from_env(
@@ -337,7 +339,8 @@ CORE = Table(
 KNOWN_VARIABLES: tuple[str, ...] = tuple(
     dict.fromkeys(
         chain.from_iterable(
-            table.names for table in (CORE, METRICS, TRACING, MIRROR, SHADOW, KAFKA, SERVE, GATE)
+            table.names
+            for table in (CORE, METRICS, TRACING, MIRROR, SHADOW, KAFKA, SERVE, GATE, ROLLOUT)
         )
     )
 )
@@ -376,4 +379,5 @@ def build_settings(reader: Reader) -> Settings:
             concurrency=shadow.max_concurrent_tasks,
         ),
         gate=build_gate(reader),
+        rollout=build_rollout(reader),
     )

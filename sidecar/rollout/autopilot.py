@@ -1,0 +1,155 @@
+"""``ragflow-sidecar rollout run``: the served share stepped through a plan by the gate.
+
+One autopilot acts at a time: it holds a lease in the state store, and a second one stands by
+until the lease lapses (the first died) or is let go (it stopped). Every ``ROLLOUT_INTERVAL_S``
+the acting one takes the operators' orders (``pause``, ``resume``, ``abort``), asks the gate
+about the rollout so far, makes one transition of :mod:`sidecar.rollout.machine`, records it
+and only then sets the live share: a crash in between is repaired when an autopilot next takes
+the lease (it sets the share its record says), so a restart resumes the same step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+from sidecar.config import Settings
+from sidecar.config.rollout import check_plan
+from sidecar.errors import SidecarError
+from sidecar.rollout.machine import Decision, GateView, RolloutState, command, decide
+from sidecar.rollout.store import RolloutStore
+from sidecar.serve.gate import collect, read_served
+from sidecar.serve.gate_checks import DECISIONS
+from sidecar.serve.share import set_share
+from sidecar.transport.valkey_client import create_client
+from ragflow_mq.evidence import Evidence
+
+logger = logging.getLogger(__name__)
+
+Look = Callable[[Settings, RolloutState, int], Awaitable[GateView]]
+
+
+def autopilot_id() -> str:
+    """Who holds the lease: host, pid and a random part (a restarted process is another)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+async def look(settings: Settings, state: RolloutState, now_ms: int) -> GateView:
+    """The gate over the whole rollout (its tests stay valid however often they are asked),
+    and the tasks each path finished in the current step."""
+    report = await collect(settings, state.started_ms or state.step_since_ms, now_ms)
+    minutes, _ = await read_served(settings, state.step_since_ms / 1000, now_ms / 1000)
+    step = Evidence.from_minutes(minutes)
+    needed = getattr(report, "needed", None)
+    return GateView(
+        decision=DECISIONS[report.decision],  # type: ignore[arg-type]
+        reasons=tuple(report.reasons),
+        kafka_tasks=step["kafka"]["finished"],
+        redis_tasks=step["redis"]["finished"],
+        needed=str(needed) if needed else "",
+    )
+
+
+class Autopilot:
+    """Start, ``run(stop)`` until ``stop`` is set, stop (letting the lease go)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        owner: str | None = None,
+        gate: Look = look,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        check_plan(settings.rollout, settings.serve.percent)
+        self._settings = settings
+        self._plan = settings.rollout
+        self.owner = owner or autopilot_id()
+        self._gate = gate
+        self._clock = clock
+        self._client = create_client(settings.state)
+        self.store = RolloutStore(
+            self._client, settings.serve.key_prefix, settings.state.display_url
+        )
+        self.acting = False
+        self._next_look_ms = 0
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    async def start(self) -> None:
+        logger.info(
+            "rollout autopilot %s: plan %s %%, dwell %g s, %d tasks a path, every %g s",
+            self.owner,
+            ", ".join(f"{s:g}" for s in self._plan.steps),
+            self._plan.dwell_s,
+            self._plan.min_tasks,
+            self._plan.interval_s,
+        )
+
+    async def run(self, stop: asyncio.Event) -> None:
+        # The lease is refreshed at a third of its time, the gate read every interval.
+        pace_s = min(self._plan.interval_s, self._plan.lease_s / 3)
+        while not stop.is_set():
+            try:
+                await self.turn()
+            except SidecarError as exc:
+                logger.warning("rollout: this turn failed (again in %g s): %s", pace_s, exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), pace_s)
+
+    async def turn(self) -> Decision | None:
+        """One turn: the lease, then the orders, then the gate when it is due."""
+        if not await self.store.hold_lease(self.owner, self._plan.lease_s):
+            if self.acting:
+                logger.warning("rollout: lost the lease to %s", await self.store.lease_holder())
+            self.acting = False
+            return None
+        now_ms = self._now_ms()
+        state = await self.store.load() or RolloutState()
+        if not self.acting:
+            self.acting = True
+            self._next_look_ms = 0
+            logger.info("rollout: %s acts (phase %s, share %g %%)", self.owner, state.phase,
+                        state.share)  # fmt: skip
+            if state.step >= 0 or state.phase == "aborted":
+                # What the record says is in force, whatever a crash left half done.
+                await self._set_share(state.share, "resumed by the rollout autopilot")
+        decision = None
+        for order in await self.store.take_orders():
+            state, decision = command(self._plan, state, order, now_ms, by="an operator")
+            await self._apply(state, decision)
+        if now_ms >= self._next_look_ms:
+            self._next_look_ms = now_ms + int(self._plan.interval_s * 1000)
+            view = None
+            if state.phase in ("ramping", "watching") and state.step >= 0:
+                view = await self._gate(self._settings, state, now_ms)
+            state, decision = decide(self._plan, state, view, now_ms)
+            await self._apply(state, decision)
+        return decision
+
+    async def _apply(self, state: RolloutState, decision: Decision) -> None:
+        await self.store.record(state, decision)
+        level = logging.INFO if decision.action != "rollback" else logging.WARNING
+        logger.log(level, "rollout %s: %s", decision.action, decision.reason)
+        if decision.share_to != decision.share_from:
+            await self._set_share(decision.share_to, f"rollout {decision.action}")
+
+    async def _set_share(self, share: float, reason: str) -> None:
+        await set_share(self._settings, share, by=f"rollout {self.owner}", reason=reason)
+
+    async def stop(self) -> None:
+        try:
+            if self.acting:
+                await self.store.release_lease(self.owner)
+        except SidecarError as exc:
+            logger.warning("rollout: the lease lapses by itself: %s", exc)
+        finally:
+            self.acting = False
+            await self._client.aclose()
