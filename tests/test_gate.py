@@ -240,6 +240,11 @@ def test_at_a_served_share_of_zero_the_judged_evidence_decides(gate: Gate) -> No
     assert code == 0, out
     for check in ("finished (redis)", "finished (kafka)", "failure rate", "processing p99"):
         assert row(out, check).endswith("n/a"), out
+    # A ceiling raised ahead of the first step, the live share still at 0: nothing served.
+    gate.client.set(gate.keys.share, "0")
+    code, out, _ = gate.run()
+    assert code == 0, out
+    assert row(out, "finished (kafka)").endswith("n/a"), out
     gate.served("kafka", finished=5)  # a share lowered since: Kafka tasks in the window
     code, out, _ = gate.run(KAFKA_SERVE_PERCENT="0")
     assert code == 1, out
@@ -258,13 +263,15 @@ def test_apply_sets_the_live_share_to_0_only_on_a_rollback(gate: Gate) -> None:
     assert (
         f"live share {gate.keys.share} set to 0 % (was unset): RAGFlow serves 0 % from Kafka" in out
     )
-    # A live share already at 0 stays 0 (and logs nothing more), and a hold does not touch it.
+    # A live share already at 0 stays 0 (and logs nothing more), and no other decision
+    # touches it: over a window with nothing served since, the served checks are n/a.
     code, out, _ = gate.run("--apply")
     assert code == 3 and gate.live == b"0"
     assert f"live share {gate.keys.share} already 0 %" in out
-    code, out, _ = gate.run("--apply", "--window", "1s")  # no evidence that recent: hold
-    assert code == 1 and gate.live == b"0", out
+    code, out, _ = gate.run("--apply", "--window", "1s")
+    assert code == 0 and gate.live == b"0", out
     assert "live share 0 %, served now 0 %" in out
+    assert row(out, "finished (kafka)").endswith("n/a"), out
     [(_, entry)] = gate.client.xrange(gate.keys.share_log)
     assert entry[b"by"] == b"gate --apply" and entry[b"from"] == b"" and entry[b"to"] == b"0"
     assert b"kafka fails +5.00 pp more than redis" in entry[b"reason"], entry

@@ -132,7 +132,8 @@ async def collect(settings: Settings, since_ms: int, until_ms: int) -> GateRepor
     kafka = served["kafka"]
     # A share of 0 that served nothing has no population to compare; one that is set, or that
     # served something (a share lowered since), must show evidence before it can be promoted.
-    served_active = settings.serve.percent > 0 or any(
+    # The share in force is the live one: a ceiling raised ahead of the first step serves none.
+    served_active = share.served(settings.serve.percent) > 0 or any(
         kafka[event] for event in ("produced", "started", "finished")
     )
     return GateReport(
