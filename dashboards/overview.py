@@ -321,10 +321,16 @@ SERVED_SHARE = Row(
     [
         Graph(
             "Served vs judged share",
-            "KAFKA_SERVE_PERCENT (served: RAGFlow executes these documents' tasks from "
-            "Kafka) beside KAFKA_TRAFFIC_PERCENT (judged), and the served share under the "
-            "cap that `ragflow-sidecar gate --apply` lowers.",
-            (Query("max by (share) (ragflow_sidecar_serve_percent)", "{{share}}"),),
+            "served: what RAGFlow executes from Kafka, the live share (live: `ragflow-sidecar "
+            "shift --to`, 0 after `gate --apply`) under the ceiling (KAFKA_SERVE_PERCENT); "
+            "beside the judged share (KAFKA_TRAFFIC_PERCENT).",
+            # served_effective: the old name of served, exported beside it for one release.
+            (
+                Query(
+                    'max by (share) (ragflow_sidecar_serve_percent{share!="served_effective"})',
+                    "{{share}}",
+                ),
+            ),
             "percent",
             width=6,
             min=0,
