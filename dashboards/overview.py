@@ -28,6 +28,7 @@ from dashboards.queries import (
     Query,
     increase,
     match_rate,
+    or_none,
     or_zero,
     p50_p99,
     rate,
@@ -142,10 +143,13 @@ VERDICT_ROW = Row(
         Graph(
             "Mismatches by field",
             "Differences per second by top-level field of the outcome (at most 100 "
-            "fields, then `other`).",
+            "fields, then `other`; `none` at 0 before the first).",
             (
                 Query(
-                    f"sum by (field) ({rate('ragflow_sidecar_mismatched_fields_total')})",
+                    or_none(
+                        f"sum by (field) ({rate('ragflow_sidecar_mismatched_fields_total')})",
+                        "field",
+                    ),
                     "{{field}}",
                 ),
             ),
