@@ -31,6 +31,7 @@ from dashboards.queries import (
     explore_url,
     increase,
     match_rate,
+    or_none,
     or_zero,
     rate,
 )
@@ -73,8 +74,9 @@ OVER_THE_RANGE = Row(
         ),
         Top(
             "Top mismatching fields",
-            "The ten top-level fields with the most differences over the chosen range.",
-            Query(f"topk(10, sum by (field) ({increase(_FIELDS)}))", "{{field}}"),
+            "The ten top-level fields with the most differences over the chosen range "
+            "(`none` at 0 before the first).",
+            Query(or_none(f"topk(10, sum by (field) ({increase(_FIELDS)}))", "field"), "{{field}}"),
         ),
         Top(
             "Top mismatching task types",
@@ -112,8 +114,8 @@ OVER_TIME = Row(
         ),
         Graph(
             "Mismatched fields",
-            "Differences per second, by top-level field.",
-            (Query(f"sum by (field) ({rate(_FIELDS)})", "{{field}}"),),
+            "Differences per second, by top-level field (`none` at 0 before the first).",
+            (Query(or_none(f"sum by (field) ({rate(_FIELDS)})", "field"), "{{field}}"),),
             "ops",
         ),
     ],

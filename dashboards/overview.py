@@ -28,6 +28,7 @@ from dashboards.queries import (
     Query,
     increase,
     match_rate,
+    or_none,
     or_zero,
     p50_p99,
     rate,
@@ -142,10 +143,13 @@ VERDICT_ROW = Row(
         Graph(
             "Mismatches by field",
             "Differences per second by top-level field of the outcome (at most 100 "
-            "fields, then `other`).",
+            "fields, then `other`; `none` at 0 before the first).",
             (
                 Query(
-                    f"sum by (field) ({rate('ragflow_sidecar_mismatched_fields_total')})",
+                    or_none(
+                        f"sum by (field) ({rate('ragflow_sidecar_mismatched_fields_total')})",
+                        "field",
+                    ),
                     "{{field}}",
                 ),
             ),
@@ -321,10 +325,16 @@ SERVED_SHARE = Row(
     [
         Graph(
             "Served vs judged share",
-            "KAFKA_SERVE_PERCENT (served: RAGFlow executes these documents' tasks from "
-            "Kafka) beside KAFKA_TRAFFIC_PERCENT (judged), and the served share under the "
-            "cap that `ragflow-sidecar gate --apply` lowers.",
-            (Query("max by (share) (ragflow_sidecar_serve_percent)", "{{share}}"),),
+            "served: what RAGFlow executes from Kafka, the live share (live: `ragflow-sidecar "
+            "shift --to`, 0 after `gate --apply`) under the ceiling (KAFKA_SERVE_PERCENT); "
+            "beside the judged share (KAFKA_TRAFFIC_PERCENT).",
+            # served_effective: the old name of served, exported beside it for one release.
+            (
+                Query(
+                    'max by (share) (ragflow_sidecar_serve_percent{share!="served_effective"})',
+                    "{{share}}",
+                ),
+            ),
             "percent",
             width=6,
             min=0,

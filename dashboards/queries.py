@@ -79,6 +79,13 @@ def or_zero(expr: str) -> str:
     return f"sum({expr}) or vector(0)"
 
 
+def or_none(expr: str, label: str) -> str:
+    """``expr`` (grouped by ``label``), or one series at 0 with ``label`` "none" when it has no
+    series: a panel over an open set of labels (fields) reads 0, not "No data", before the
+    first one. ``or on()`` matches any series, so the 0 is added only when ``expr`` is empty."""
+    return f'{expr} or on() label_replace(vector(0), "{label}", "none", "", "")'
+
+
 def target(
     query: Query, ref: str = "A", *, instant: bool = False, table: bool = False
 ) -> prometheus.Dataquery:

@@ -47,8 +47,12 @@ class Keys:
     def __init__(self, prefix: str = DEFAULT_KEY_PREFIX) -> None:
         self.prefix = prefix
         # Never given a TTL: RAGFlow's Valkey evicts volatile keys (volatile-lru) first, and a
-        # cap that vanished would silently raise the served share back to the env value.
-        self.cap = f"{prefix}:serve_cap"
+        # live share that vanished would serve the ceiling in a process started after it.
+        self.share = f"{prefix}:serve_share"
+        # Every change of the live share: from, to, by whom (a capped stream, newest last).
+        self.share_log = f"{prefix}:serve_share:log"
+        # The cap of earlier builds, still honoured (the lower wins) until a shift folds it in.
+        self.old_cap = f"{prefix}:serve_cap"
         self.evidence_total = f"{prefix}:evidence:total"
 
     def evidence(self, minute: int) -> str:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ragflow_mq.cap import effective_percent
 from ragflow_mq.producer import served_headers
+from ragflow_mq.share import ShareValues
 from sidecar.config import Settings
 from sidecar.config.routing import RouteTable
 from sidecar.config.traffic import in_traffic_share
@@ -32,10 +32,11 @@ from sidecar.transport.redis_streams import RedisStreamProducer
 class SplitProducer(MessageQueueProducer):
     """Messages addressed to RAGFlow's streams: served keys to Kafka, the rest to Redis."""
 
-    def __init__(self, settings: Settings, cap: float | None = None) -> None:
+    def __init__(self, settings: Settings, share: ShareValues | None = None) -> None:
+        """``share``: the live share to serve under the ceiling (none: the ceiling)."""
         super().__init__()
         self._settings = settings
-        self._percent = effective_percent(settings.serve.percent, cap)
+        self._percent = (share or ShareValues()).served(settings.serve.percent)
         self._routes = RouteTable(settings.mirror.routes)
         self._priority = frozenset(settings.mirror.priority_streams)
         self._kafka = KafkaProducer(settings.kafka)

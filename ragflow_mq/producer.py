@@ -1,7 +1,7 @@
 """``queue_product`` of the split: one decision per task, Kafka only or Redis only.
 
 The decision is by routing key (the document, memory or canvas run), with the judged share's
-sticky hash, against ``min(KAFKA_SERVE_PERCENT, cap)``. A key keeps its decision for
+sticky hash, against ``min(KAFKA_SERVE_PERCENT, live share)``. A key keeps its decision for
 ``SERVE_STICKY_S`` from when it was made (never refreshed by later tasks, so a busy key follows
 a change as surely as a quiet one), so one ``queue_tasks`` call does not split a document; a
 lowered share takes a served key off Kafka at once. A served task is acknowledged by Kafka

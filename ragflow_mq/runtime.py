@@ -1,5 +1,5 @@
 """What ``install()`` runs in one RAGFlow process: the loop, the producer, the consumer, the
-cap and the evidence, and RAGFlow's ``RedisMsg`` timed for the evidence."""
+live share and the evidence, and RAGFlow's ``RedisMsg`` timed for the evidence."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from typing import Any
 import valkey
 
 from ragflow_mq.backlog import ServedBacklog
-from ragflow_mq.cap import effective_percent, parse_cap
 from ragflow_mq.consumer import ServeConsumer
 from ragflow_mq.contract import Keys
 from ragflow_mq.evidence import Recorder, write
@@ -24,6 +23,7 @@ from ragflow_mq.failures import watch_failures
 from ragflow_mq.hand import KafkaTask
 from ragflow_mq.loop import BackgroundLoop
 from ragflow_mq.producer import ServeProducer
+from ragflow_mq.share import LiveShare
 from sidecar.config import Settings
 from sidecar.config.routing import RouteTable
 from sidecar.transport.valkey_client import create_client
@@ -65,8 +65,8 @@ class RedisTask:
 
 class Runtime:
     """Everything ``install()`` runs in one process: the loop, the producer, the consumer
-    (started on the first consuming call, with RAGFlow's consumer name), the cap and the
-    evidence. ``close()`` runs at exit."""
+    (started on the first consuming call, with RAGFlow's consumer name), the live share and
+    the evidence. ``close()`` runs at exit."""
 
     def __init__(self, settings: Settings, conn: Any) -> None:
         self.settings = settings
@@ -86,9 +86,7 @@ class Runtime:
         self._background = False
         self._consumer_retry_at = 0.0
         self._starting: concurrent.futures.Future[ServeConsumer] | None = None
-        self._cap: float | None = None
-        self._cap_warned = False
-        self._cap_evicted = False
+        self.share = LiveShare(self.keys)
         self._paths: dict[str, str] = {}  # task id -> path, while RAGFlow holds the task
         self._redis_busy: dict[str, bool] = {}
         self._redis_turn: dict[str, bool] = {}
@@ -134,7 +132,7 @@ class Runtime:
         return sum(1 for path in list(self._paths.values()) if path == "redis")
 
     def sync_store(self) -> Any:
-        """The synchronous client of the cap and the evidence: RAGFlow's own (looked up each
+        """The synchronous client of the live share and the evidence: RAGFlow's own (looked up each
         time, RAGFlow may reopen it) unless ``SIDECAR_STATE_URL`` names a state store apart,
         where they live beside the claims, out of reach of RAGFlow's LRU eviction."""
         if self.settings.state == self.settings.redis:
@@ -149,37 +147,10 @@ class Runtime:
 
     def percent(self) -> float:
         self._ensure_background()
-        return effective_percent(self.settings.serve.percent, self._cap)
+        return self.share.values.served(self.settings.serve.percent)
 
-    def read_cap(self) -> None:
-        try:
-            raw = self.sync_store().get(self.keys.cap)
-        except Exception as exc:
-            if not self._cap_warned:
-                self._cap_warned = True
-                logger.warning(
-                    "ragflow_mq cannot read the serve cap (keeping %s): %s", self._cap, exc
-                )
-            return
-        self._cap_warned = False
-        if raw is None and self._cap is not None:
-            # `gate --clear-cap` writes 100, never deletes: a cap that vanished was evicted
-            # (RAGFlow's Valkey is an LRU cache), and must not raise the share by itself.
-            if not self._cap_evicted:
-                self._cap_evicted = True
-                logger.warning(
-                    "ragflow_mq: serve cap %s vanished (evicted?); keeping %g until it is set",
-                    self.keys.cap,
-                    self._cap,
-                )
-            return
-        self._cap_evicted = False
-        cap = parse_cap(raw)
-        if raw is not None and cap is None:
-            logger.warning("ragflow_mq: serve cap %r is not a number; serving the env share", raw)
-        if cap != self._cap:
-            logger.info("ragflow_mq: serve cap now %s", cap)
-        self._cap = cap
+    def read_share(self) -> None:
+        self.share.read(self.sync_store())
 
     def _ensure_background(self) -> None:
         if self._background:
@@ -187,16 +158,16 @@ class Runtime:
         with self._lock:
             if self._background:
                 return
-            # Read once before the first decision: after a roll-back the cap may be 0.
-            self.read_cap()
-            self.loop.spawn(self._refresh_cap, "ragflow-mq-cap")
+            # Read once before the first decision: after a roll-back the live share may be 0.
+            self.read_share()
+            self.loop.spawn(self._refresh_share, "ragflow-mq-share")
             self.loop.spawn(self._flush_evidence, "ragflow-mq-evidence")
             self._background = True
 
-    async def _refresh_cap(self) -> None:
+    async def _refresh_share(self) -> None:
         while True:
-            await asyncio.sleep(self.settings.serve.cap_refresh_s)
-            await asyncio.to_thread(self.read_cap)
+            await asyncio.sleep(self.settings.serve.share_refresh_s)
+            await asyncio.to_thread(self.read_share)
 
     async def _flush_evidence(self) -> None:
         while True:

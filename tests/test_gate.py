@@ -100,9 +100,10 @@ class Gate:
         pipe.execute()  # type: ignore[no-untyped-call]
 
     @property
-    def cap(self) -> bytes | None:
+    def live(self) -> bytes | None:
+        """The live share as stored."""
         # valkey-py types its commands as sync-or-async; this client is the sync one.
-        return cast(bytes | None, self.client.get(self.keys.cap))
+        return cast(bytes | None, self.client.get(self.keys.share))
 
 
 async def _produce(settings: Settings, records: list[VerdictRecord]) -> None:
@@ -139,7 +140,7 @@ def gate(
     client = valkey.Valkey(**settings.redis.client_kwargs())
     keys = Keys(unique)
     yield Gate(settings, env, stream, keys, client, monkeypatch, capsys)
-    client.delete(*cast(list[bytes], client.keys(f"{unique}:*")), keys.cap)
+    client.delete(*cast(list[bytes], client.keys(f"{unique}:*")), keys.old_cap)
     client.close()  # type: ignore[no-untyped-call]
 
 
@@ -165,7 +166,7 @@ def test_a_clean_run_promotes(gate: Gate) -> None:
     assert row(out, "finished (kafka)").split()[-1] == "ok"
     assert "+0.00 pp" in row(out, "failure rate delta")
     assert "1.00 (1000 / 1000 ms)" in row(out, "processing p99 ratio")
-    assert "served 20 % (KAFKA_SERVE_PERCENT), cap none, served now 20 %" in out
+    assert "ceiling 20 % (KAFKA_SERVE_PERCENT), live share unset, served now 20 %" in out
     assert "60 final verdicts, 60 match, 0 mismatch, 0 missing_in_kafka" in out
 
 
@@ -227,7 +228,9 @@ def test_missing_verdicts_and_a_low_match_rate_roll_back(gate: Gate) -> None:
     assert verdicts["missing_in_kafka + missing_in_redis"] == "rollback"
     assert report["served"]["kafka"]["finished"] == 100
     assert report["served"]["kafka"]["processing_p99_ms"] == 1000
-    assert report["share"] == {"judged": 50, "served": 20, "cap": None, "served_effective": 20}
+    assert report["share"] == {
+        "judged": 50, "ceiling": 20, "live": None, "old_cap": None, "served": 20,
+    }  # fmt: skip
 
 
 def test_at_a_served_share_of_zero_the_judged_evidence_decides(gate: Gate) -> None:
@@ -237,53 +240,69 @@ def test_at_a_served_share_of_zero_the_judged_evidence_decides(gate: Gate) -> No
     assert code == 0, out
     for check in ("finished (redis)", "finished (kafka)", "failure rate", "processing p99"):
         assert row(out, check).endswith("n/a"), out
+    # A ceiling raised ahead of the first step, the live share still at 0: nothing served.
+    gate.client.set(gate.keys.share, "0")
+    code, out, _ = gate.run()
+    assert code == 0, out
+    assert row(out, "finished (kafka)").endswith("n/a"), out
     gate.served("kafka", finished=5)  # a share lowered since: Kafka tasks in the window
     code, out, _ = gate.run(KAFKA_SERVE_PERCENT="0")
     assert code == 1, out
     assert row(out, "finished (kafka)").endswith("hold")
 
 
-def test_apply_lowers_the_cap_only_on_a_rollback(gate: Gate) -> None:
+def test_apply_sets_the_live_share_to_0_only_on_a_rollback(gate: Gate) -> None:
     gate.verdicts(match=60)
     both_paths(gate)
     code, out, _ = gate.run("--apply")  # promote: nothing done
-    assert code == 0 and gate.cap is None, out
+    assert code == 0 and gate.live is None, out
     gate.served("kafka", finished=100, failed=10)  # now 5 % of 200 against 0 %
     code, out, _ = gate.run("--apply")
     assert code == 3, out
-    assert gate.cap == b"0"
-    assert f"cap {gate.keys.cap} lowered to 0 (was unset): RAGFlow serves 0 % from Kafka" in out
-    # A cap already at 0 stays 0, and a hold does not touch it.
+    assert gate.live == b"0"
+    assert (
+        f"live share {gate.keys.share} set to 0 % (was unset): RAGFlow serves 0 % from Kafka" in out
+    )
+    # A live share already at 0 stays 0 (and logs nothing more), and no other decision
+    # touches it: over a window with nothing served since, the served checks are n/a.
     code, out, _ = gate.run("--apply")
-    assert code == 3 and gate.cap == b"0"
-    assert f"cap {gate.keys.cap} already 0" in out
-    code, out, _ = gate.run("--apply", "--window", "1s")  # no evidence that recent: hold
-    assert code == 1 and gate.cap == b"0", out
-    assert "served now 0 %" in out
+    assert code == 3 and gate.live == b"0"
+    assert f"live share {gate.keys.share} already 0 %" in out
+    code, out, _ = gate.run("--apply", "--window", "1s")
+    assert code == 0 and gate.live == b"0", out
+    assert "live share 0 %, served now 0 %" in out
+    assert row(out, "finished (kafka)").endswith("n/a"), out
+    [(_, entry)] = gate.client.xrange(gate.keys.share_log)
+    assert entry[b"by"] == b"gate --apply" and entry[b"from"] == b"" and entry[b"to"] == b"0"
+    assert b"kafka fails +5.00 pp more than redis" in entry[b"reason"], entry
 
 
-def test_apply_never_raises_a_cap(gate: Gate) -> None:
+def test_apply_never_raises_the_live_share(gate: Gate) -> None:
     gate.verdicts(match=60)
     both_paths(gate, failed=5)
-    gate.client.set(gate.keys.cap, "5")
+    gate.client.set(gate.keys.share, "5")
     code, out, _ = gate.run("--apply", "--json")
     assert code == 3
-    assert json.loads(out)["action"].startswith(f"cap {gate.keys.cap} lowered to 0 (was 5)")
-    assert gate.cap == b"0"
+    action = json.loads(out)["action"]
+    assert action.startswith(f"live share {gate.keys.share} set to 0 % (was 5 %)"), action
+    assert gate.live == b"0"
 
 
-def test_clear_cap(gate: Gate) -> None:
-    gate.client.set(gate.keys.cap, "0")
-    code, out, _ = gate.run("--clear-cap")
+def test_clear_cap_is_a_deprecated_shift_to_the_ceiling(gate: Gate) -> None:
+    gate.client.set(gate.keys.share, "0")
+    gate.client.set(gate.keys.old_cap, "0")  # a roll-back by a gate of an earlier build
+    code, out, err = gate.run("--clear-cap")
     assert code == 0
+    assert "`gate --clear-cap` is deprecated: it is `shift --to 20`" in err
     assert out.strip() == (
-        f"cap {gate.keys.cap} cleared (was 0): RAGFlow serves KAFKA_SERVE_PERCENT=20 % from "
-        "Kafka within SERVE_CAP_REFRESH_S=2 s"
+        f"live share {gate.keys.share} set to 20 % (was 0 %): RAGFlow serves 20 % from Kafka "
+        "within SERVE_SHARE_REFRESH_S=2 s (ceiling KAFKA_SERVE_PERCENT=20 %); the old cap "
+        f"{gate.keys.old_cap} (0) is folded in (set to 100)"
     )
-    # Lifted by a value, not a deletion: RAGFlow takes a vanished cap for an eviction.
-    assert gate.cap == b"100"
+    # Lifted by a value, not a deletion: RAGFlow takes a vanished key for an eviction.
+    assert (gate.live, gate.client.get(gate.keys.old_cap)) == (b"20", b"100")
     code, out, _ = gate.run("--clear-cap")
-    assert code == 0 and out.startswith(f"no cap {gate.keys.cap} was set"), out
+    assert code == 0 and out.startswith(f"live share {gate.keys.share} already 20 %"), out
 
 
 @pytest.mark.parametrize(

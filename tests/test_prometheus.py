@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import valkey.asyncio as avalkey
 
+from sidecar.app.metrics_catalog import MISMATCH_LABELS
 from sidecar.config import Settings
 from sidecar.config.routing import RouteTable
 from sidecar.config.traffic import in_traffic_share
@@ -58,9 +59,14 @@ GRAFANA_VARIABLES = {
     "__range": "5m",
     "task_type": ".*",  # the drill-down's variable, "All"
 }
-# Count panels fall back to 0 when nothing happened; without the fallback the query must still
-# return data, or a misspelt metric would pass as "0".
-FALLBACK = re.compile(r"\s+or\s+vector\(0\)")
+# Count panels fall back to 0 when nothing happened (per-field panels to one series "none" at 0,
+# dashboards.queries.or_none); without the fallback the query must still return data, or a
+# misspelt metric would pass as "0".
+FALLBACK = re.compile(
+    r'\s+or\s+(?:on\(\)\s+label_replace\()?vector\(0\)(?:, "\w+", "none", "", ""\))?'
+)
+# The panels of mismatches: 0 on a healthy run, never "No data".
+MISMATCH_METRICS = ("ragflow_sidecar_mismatches_total", "ragflow_sidecar_mismatched_fields_total")
 INSTALL_HINT = (
     "the `prometheus` binary is not on PATH: run `make system-deps` (it installs Debian's "
     "prometheus package; CI runs it before the tests)"
@@ -346,3 +352,36 @@ async def test_every_dashboard_query_returns_data(
         )
     empty = [f"{t.dashboard} / {t.panel} ({t.ref}): {t.expr}" for t, _, n, _ in rows if not n]
     assert not empty, "queries without data:\n" + "\n".join(empty)
+
+
+async def test_on_a_fresh_start_the_mismatch_panels_read_0(
+    settings: Settings, unique: str, tmp_path: Path
+) -> None:
+    """Before any mismatch (here before any task at all) the mismatch counter is there at 0 for
+    every comparator and known task type, and every panel over it or over the mismatched
+    fields reads 0 rather than "No data"."""
+    await init_topics(settings.kafka)
+    metrics_port = free_port()
+    config = sidecar_settings(
+        settings,
+        [f"{unique}.1", f"{unique}.0"],
+        unique,
+        SIDECAR_METRICS_PORT=str(metrics_port),
+        SIDECAR_METRICS_HOST="127.0.0.1",
+    )
+    targets = [t for t in prometheus_targets() if set(metric_names(t.expr)) & set(MISMATCH_METRICS)]
+    assert {t.panel for t in targets} >= {"Mismatches by field", "Mismatches by comparator"}
+    with running_prometheus(tmp_path, metrics_port) as (base, _):
+        prometheus = Prometheus(base)
+        async with running_sidecar(config):
+            await prometheus.wait_for("the sidecar is scraped", UP, 1)
+            scrapes = f"sum(count_over_time({UP}[10m]))"
+            await prometheus.wait_for("three scrapes, for rate()", scrapes, 3)
+            series = await prometheus.query(f'ragflow_sidecar_mismatches_total{{job="{JOB}"}}')
+            labels = {(s["metric"]["comparator"], s["metric"]["task_type"]) for s in series}
+            assert labels == set(MISMATCH_LABELS)
+            assert total(series) == 0
+            for target in targets:
+                result = await prometheus.query(substitute(target.expr))
+                assert result, f"{target.dashboard} / {target.panel}: no data"
+                assert total(result) == 0, (target.panel, result)

@@ -149,9 +149,9 @@ async def test_roll_back_mid_stream_then_drain_to_redis_loses_and_doubles_nothin
         first, first_out = world.api("first.jsonl", docs=40, tasks_per_doc=10)
         with first:
             assert await first.await_exit(120) == 0, first.log_text()
-        # Roll back to 0 % with the cap (what `gate --apply` writes): new documents go to
-        # Redis, while the Kafka tasks already queued are still executed from Kafka.
-        await valkey_client.set(keys.cap, "0")
+        # Roll back to 0 % with the live share (what `gate --apply` writes): new documents go
+        # to Redis, while the Kafka tasks already queued are still executed from Kafka.
+        await valkey_client.set(keys.share, "0")
         second, second_out = world.api("second.jsonl", docs=40, tasks_per_doc=10)
         with second:
             assert await second.await_exit(120) == 0, second.log_text()
@@ -160,7 +160,7 @@ async def test_roll_back_mid_stream_then_drain_to_redis_loses_and_doubles_nothin
     done_before = await world.executed(valkey_client)
     first_ids = {str(p["task_id"]) for p in read_produced(first_out)}
     second_ids = {str(p["task_id"]) for p in read_produced(second_out)}
-    assert second_ids <= await _stream_task_ids(valkey_client, world), "cap not applied"
+    assert second_ids <= await _stream_task_ids(valkey_client, world), "roll-back not applied"
 
     report = await drain_to_redis(world.settings(), timeout_s=60)
     assert report.complete

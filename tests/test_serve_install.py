@@ -208,27 +208,41 @@ def test_the_sitecustomize_directory_ships_in_the_package() -> None:
     assert "import ragflow_mq._sitecustomize" in site.read_text()
 
 
-async def test_the_cap_lowers_the_share_and_an_evicted_cap_is_kept(
+async def test_the_live_share_moves_under_the_ceiling_and_an_evicted_one_is_kept(
     stack: LocalStack, unique: str, tmp_path: Path, redis_conn: ModuleType
 ) -> None:
     world = await make_world(stack, unique, tmp_path, KAFKA_SERVE_PERCENT="50")
     assert ragflow_mq.install(Settings.from_env(world.env))
     runtime = redis_conn.REDIS_CONN._ragflow_mq_runtime
     client = valkey.Valkey.from_url(stack.valkey.url)
-    cap = ragflow_mq.Keys(unique).cap
-    assert runtime.percent() == 50
-    client.set(cap, "20")
-    runtime.read_cap()
+    keys = ragflow_mq.Keys(unique)
+    assert runtime.percent() == 50  # never set: the ceiling
+    client.set(keys.share, "20")
+    runtime.read_share()
     assert runtime.percent() == 20
-    client.delete(cap)  # what an LRU eviction does
-    runtime.read_cap()
-    assert runtime.percent() == 20, "a vanished cap raised the served share"
-    client.set(cap, "100")  # what `gate --clear-cap` writes
-    runtime.read_cap()
+    client.set(keys.share, "80")  # written by hand: still never above the ceiling
+    runtime.read_share()
     assert runtime.percent() == 50
-    client.set(cap, "banana")
-    runtime.read_cap()
+    client.set(keys.share, "20")
+    runtime.read_share()
+    client.delete(keys.share)  # what an LRU eviction does
+    runtime.read_share()
+    assert runtime.percent() == 20, "a vanished live share raised the served share"
+    client.set(keys.share, "banana")
+    runtime.read_share()
     assert runtime.percent() == 50
+    # The cap of an earlier build is honoured beside it: the lower of the two wins, and it
+    # too is kept when it vanishes.
+    client.set(keys.share, "30")
+    client.set(keys.old_cap, "10")
+    runtime.read_share()
+    assert runtime.percent() == 10
+    client.delete(keys.old_cap)
+    runtime.read_share()
+    assert runtime.percent() == 10, "a vanished old cap raised the served share"
+    client.set(keys.old_cap, "100")  # what `shift` folds it into
+    runtime.read_share()
+    assert runtime.percent() == 30
     client.close()
 
 
@@ -301,38 +315,40 @@ def _memory_task(memory_id: str) -> dict[str, Any]:
                              "user_input": "hi", "agent_response": "hello"}}  # fmt: skip
 
 
-async def test_a_lowered_cap_takes_a_hot_key_off_kafka_within_the_refresh(
+async def test_a_lowered_live_share_takes_a_hot_key_off_kafka_within_the_refresh(
     stack: LocalStack, unique: str, tmp_path: Path, redis_conn: ModuleType
 ) -> None:
-    """A memory with a task every 0.5 s and a sticky time of a minute: after the cap goes to
-    0, its tasks are on Redis within SERVE_CAP_REFRESH_S (measured from the change, not from
-    the key's last task, which is never more than 0.5 s ago)."""
+    """A memory with a task every 0.5 s and a sticky time of a minute: after the live share
+    goes to 0, its tasks are on Redis within SERVE_SHARE_REFRESH_S (measured from the change,
+    not from the key's last task, which is never more than 0.5 s ago)."""
     world = await make_world(stack, unique, tmp_path)
     refresh_s = 0.5
     values = {**world.env, "KAFKA_SERVE_PERCENT": "100", "SERVE_STICKY_S": "60",
-              "SERVE_CAP_REFRESH_S": str(refresh_s)}  # fmt: skip
+              "SERVE_SHARE_REFRESH_S": str(refresh_s)}  # fmt: skip
     assert ragflow_mq.install(Settings.from_env(values))
     conn = redis_conn.REDIS_CONN
     client = valkey.Valkey.from_url(stack.valkey.url)
     low = world.streams[1]
     sent: list[tuple[float, bool]] = []  # (enqueued at, went to Redis)
-    capped_at = 0.0
+    lowered_at = 0.0
     for turn in range(16):
         if turn == 6:
-            client.set(ragflow_mq.Keys(unique).cap, "0")  # what `gate --apply` writes
-            capped_at = time.monotonic()
+            client.set(ragflow_mq.Keys(unique).share, "0")  # what `gate --apply` writes
+            lowered_at = time.monotonic()
         before = client.xlen(low)
         assert conn.queue_product(low, _memory_task("mem-hot"))
         sent.append((time.monotonic(), client.xlen(low) > before))
         await asyncio.sleep(0.5)
     client.close()
-    assert not any(on_redis for _, on_redis in sent[:6]), "served before the cap: not on Kafka"
+    assert not any(on_redis for _, on_redis in sent[:6]), (
+        "served before the roll-back: not on Kafka"
+    )
     # The refresh's period, one read's latency and a busy machine's scheduling.
     bound_s = refresh_s + 1.0
     late = [
-        at - capped_at for at, on_redis in sent[6:] if not on_redis and at - capped_at > bound_s
+        at - lowered_at for at, on_redis in sent[6:] if not on_redis and at - lowered_at > bound_s
     ]
-    assert not late, f"still on Kafka {late} s after the cap went to 0"
+    assert not late, f"still on Kafka {late} s after the live share went to 0"
     assert sum(on_redis for _, on_redis in sent) >= 6
 
 
@@ -361,7 +377,7 @@ async def test_with_a_state_store_apart_the_served_keys_live_there(
     redis_conn: ModuleType,
     state_valkey: LocalValkey,
 ) -> None:
-    """With SIDECAR_STATE_URL set, the cap, the evidence, the claims and the done markers are
+    """With SIDECAR_STATE_URL set, the live share, the evidence, the claims and the done markers are
     in the state store, none in RAGFlow's Valkey (an LRU cache that evicts keys with a TTL)."""
     world = await make_world(stack, unique, tmp_path, KAFKA_SERVE_PERCENT="100")
     settings = Settings.from_env({**world.env, "SIDECAR_STATE_URL": state_valkey.url})
@@ -371,11 +387,11 @@ async def test_with_a_state_store_apart_the_served_keys_live_there(
     keys = ragflow_mq.Keys(unique)
     state = valkey.Valkey(**settings.state.client_kwargs())
     ragflow = valkey.Valkey.from_url(stack.valkey.url)
-    state.set(keys.cap, "0")
-    runtime.read_cap()
+    state.set(keys.share, "0")
+    runtime.read_share()
     assert runtime.percent() == 0
-    state.set(keys.cap, "100")
-    runtime.read_cap()
+    state.set(keys.share, "100")
+    runtime.read_share()
     task = _tasks(f"{unique}doc", 1)[0]
     assert conn.queue_product(world.streams[1], task)
     taken: list[Any] = []

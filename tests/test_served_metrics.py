@@ -69,8 +69,8 @@ async def test_the_poller_exports_the_evidence_of_ragflows_processes(
         for event in EVENTS:
             assert sample(text, "ragflow_sidecar_served_tasks_total", path=path, event=event) == 0
     assert sample(text, "ragflow_sidecar_serve_percent", share="judged") == 50
-    assert sample(text, "ragflow_sidecar_serve_percent", share="served") == 20
-    assert sample(text, "ragflow_sidecar_serve_percent", share="served_effective") == 20
+    for share in ("ceiling", "live", "served", "served_effective"):
+        assert sample(text, "ragflow_sidecar_serve_percent", share=share) == 20
     p99 = {"latency": "processing", "quantile": "0.99"}
     assert sample(text, "ragflow_sidecar_served_latency_ms", path="kafka", **p99) == 0
     assert sample(text, "ragflow_sidecar_served_failure_percent", path="kafka") == 0
@@ -78,10 +78,10 @@ async def test_the_poller_exports_the_evidence_of_ragflows_processes(
     # Ten minutes ago counts in the totals only; a minute ago in the last five minutes too.
     await record(valkey_client, keys, time.time() - 600)
     await record(valkey_client, keys, time.time() - 60)
-    await valkey_client.set(keys.cap, "5")
+    await valkey_client.set(keys.share, "5")
     async with own, poller:
         for _ in range(200):
-            if poller.values.cap == 5:
+            if poller.values.share.live == 5:
                 break
             await asyncio.sleep(0.05)
         text = scrape(metrics)
@@ -90,7 +90,9 @@ async def test_the_poller_exports_the_evidence_of_ragflows_processes(
     assert sample(text, total, path="kafka", event="failed") == 4
     assert sample(text, total, path="kafka", event="retried") == 2
     assert sample(text, total, path="redis", event="dead_lettered") == 0
-    assert sample(text, "ragflow_sidecar_serve_percent", share="served_effective") == 5
+    assert sample(text, "ragflow_sidecar_serve_percent", share="ceiling") == 20
+    for share in ("live", "served", "served_effective"):
+        assert sample(text, "ragflow_sidecar_serve_percent", share=share) == 5
     assert sample(text, "ragflow_sidecar_served_failure_percent", path="kafka") == 5.0
     assert sample(text, "ragflow_sidecar_served_failure_percent", path="redis") == 0.0
     # Bucket upper bounds: 90 ms in the 100 ms bucket, 400 in the 500, 7 in the 10.

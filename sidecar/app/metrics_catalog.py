@@ -10,11 +10,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 
+from sidecar.config.routing import KNOWN_TASK_TYPES
 from sidecar.errors import DECODE_REASONS
 from sidecar.mirror.mirror import Mirror
 from sidecar.shadow.shadow import ShadowConsumer
 from sidecar.telemetry.health import Health
 from sidecar.telemetry.metrics import SidecarMetrics, counts
+from sidecar.verdicts.compare import MISMATCH_COMPARATORS
 from sidecar.verdicts.judge import JudgeStats
 from sidecar.verdicts.model import RENAMED_VERDICTS
 
@@ -23,6 +25,11 @@ from sidecar.verdicts.model import RENAMED_VERDICTS
 MIRROR_DEAD_REASONS: tuple[str, ...] = (*DECODE_REASONS, "too_large")
 SHADOW_DEAD_REASONS: tuple[str, ...] = (*DECODE_REASONS, "handler_failed")
 SKIP_REASONS: tuple[str, ...] = ("outside_share",)
+# Every comparator x known task type: a healthy run has no mismatch at all, and its panels
+# must read 0. Fields are an open set: their panels fall back to 0 in the query instead.
+MISMATCH_LABELS: tuple[tuple[str, str], ...] = tuple(
+    (comparator, task_type) for comparator in MISMATCH_COMPARATORS for task_type in KNOWN_TASK_TYPES
+)
 
 
 def register_metrics(
@@ -68,7 +75,11 @@ def register_metrics(
     metrics.observe_counter(
         "mismatches",
         "mismatches by the comparator that found them",
-        lambda: counts(judge_stats.mismatch_comparators, "comparator", "task_type"),
+        lambda: counts(
+            Counter({**dict.fromkeys(MISMATCH_LABELS, 0), **judge_stats.mismatch_comparators}),
+            "comparator",
+            "task_type",
+        ),
     )
     metrics.observe_counter(
         "mismatched_fields",

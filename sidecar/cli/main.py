@@ -26,10 +26,13 @@ from sidecar.clock import now_ms
 from sidecar.config import Settings
 from sidecar.errors import SidecarError
 from sidecar.serve.drain import DEFAULT_TIMEOUT_S, drain_to_redis, render_drain, render_drain_json
-from sidecar.serve.gate import clear_cap, collect, lower_cap, parse_window
+from sidecar.serve.gate import collect, parse_window
 from sidecar.serve.gate import render_json as render_gate_json
 from sidecar.serve.gate import render_table as render_gate_table
 from sidecar.serve.gate_checks import ROLLBACK
+from sidecar.serve.share import describe, parse_target, read_status, set_share
+from sidecar.serve.share import render_json as render_share_json
+from sidecar.serve.share import render_status as render_share_status
 from sidecar.telemetry.health import Health, HealthServer
 from sidecar.transport.kafka import KafkaProducer, check_login
 from sidecar.transport.topics import init_topics
@@ -90,16 +93,27 @@ def _parser() -> argparse.ArgumentParser:
         help="canary analysis of the served share: exit 0 promote, 1 hold, 3 roll back",
     )
     gate.add_argument("--window", default="30m", help="30m, 2h, 1d, an ISO time or epoch ms")
-    cap = gate.add_mutually_exclusive_group()
-    cap.add_argument(
-        "--apply", action="store_true", help="on a roll-back, lower the served share's cap to 0"
-    )
-    cap.add_argument(
+    act = gate.add_mutually_exclusive_group()
+    act.add_argument("--apply", action="store_true", help="on a roll-back, set the live share to 0")
+    act.add_argument(
         "--clear-cap",
         action="store_true",
-        help="delete the cap: serve KAFKA_SERVE_PERCENT again (no analysis)",
+        help="deprecated: `shift --to` the ceiling (KAFKA_SERVE_PERCENT); no analysis",
     )
     gate.add_argument("--json", action="store_true", help="the report as JSON")
+    shift = commands.add_parser(
+        "shift",
+        help="set the live share RAGFlow serves from Kafka (no restart), or show it",
+    )
+    to = shift.add_mutually_exclusive_group()
+    to.add_argument("--to", help="the live share, 0 to KAFKA_SERVE_PERCENT, decimals allowed")
+    to.add_argument(
+        "--status",
+        action="store_true",
+        help="ceiling, live share, served share and the last changes (the default)",
+    )
+    shift.add_argument("--reason", default="", help="why, kept with the change in its log")
+    shift.add_argument("--json", action="store_true", help="as JSON")
     drain = commands.add_parser(
         "drain-to-redis",
         help="executors stopped: move every unconsumed served record back to its Redis stream",
@@ -182,16 +196,34 @@ async def _reconcile(settings: Settings, args: argparse.Namespace) -> int:
 
 async def _gate(settings: Settings, args: argparse.Namespace) -> int:
     if args.clear_cap:
-        done = await clear_cap(settings)
+        print(
+            "ragflow-sidecar: note: `gate --clear-cap` is deprecated: it is "
+            f"`shift --to {settings.serve.percent:g}` (the ceiling, KAFKA_SERVE_PERCENT)",
+            file=sys.stderr,
+        )
+        ceiling = settings.serve.percent
+        done = describe(settings, await set_share(settings, ceiling, by="gate --clear-cap"))
         print(json.dumps({"action": done}) if args.json else done)
         return 0
     now = now_ms()
     report = await collect(settings, parse_window(args.window, now), now)
-    # Only a roll-back acts, and only downwards: promoting is the operator's change of the env.
+    # Only a roll-back acts, and only downwards: promoting is the operator's (`shift --to`).
     if args.apply and report.decision == ROLLBACK:
-        report.action = await lower_cap(settings, report.cap)
+        shift = await set_share(settings, 0.0, by="gate --apply", reason="; ".join(report.reasons))
+        report.action = describe(settings, shift)
     print(render_gate_json(report) if args.json else render_gate_table(report))
     return report.decision
+
+
+async def _shift(settings: Settings, args: argparse.Namespace) -> int:
+    if args.to is not None:
+        to = parse_target(args.to, settings.serve.percent)
+        done = describe(settings, await set_share(settings, to, by="shift", reason=args.reason))
+        print(json.dumps({"action": done}) if args.json else done)
+        return 0
+    status = await read_status(settings)
+    print(render_share_json(status) if args.json else render_share_status(status))
+    return 0
 
 
 async def _drain(settings: Settings, args: argparse.Namespace) -> int:
@@ -289,7 +321,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run_dev_command(args)
         settings = Settings.from_env(config_file=args.config)
         # aiokafka reports a refused password as a broker that is down, which would be retried.
-        asyncio.run(check_login(settings.kafka))
+        # `shift` needs only the state store: a roll-back must not wait for Kafka.
+        if args.command != "shift":
+            asyncio.run(check_login(settings.kafka))
         if args.command == "mirror":
             if args.compare:
                 return asyncio.run(_sidecar(settings, shadow=False, observer=False))
@@ -304,6 +338,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_reconcile(settings, args))
         if args.command == "gate":
             return asyncio.run(_gate(settings, args))
+        if args.command == "shift":
+            return asyncio.run(_shift(settings, args))
         if args.command == "drain-to-redis":
             return asyncio.run(_drain(settings, args))
         if args.command == "status":

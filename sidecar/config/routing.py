@@ -42,6 +42,13 @@ DEFAULT_ROUTES: dict[str, str] = {
     "memory": MEMORY_TOPIC,
 }
 
+# The task types known by name (the exact patterns, and dataflow, RAGFlow's own under its
+# prefix): the labels whose counters are exported at 0 before their first task.
+KNOWN_TASK_TYPES: tuple[str, ...] = (
+    *(pattern for pattern in DEFAULT_ROUTES if not pattern.endswith("*")),
+    "dataflow",
+)
+
 Kind = Literal["parse", "dataflow", "dataset", "memory", "other"]
 
 

@@ -30,7 +30,7 @@ class ServeSettings:
     # breaker sends the next ones there too, so RAGFlow's event loop never waits on Kafka.
     enqueue_timeout_ms: int = 2000
     breaker_open_s: float = 30.0  # after a failed produce, Redis only; then one probe
-    cap_refresh_s: float = 2.0  # how often the cap kept in Valkey is read
+    share_refresh_s: float = 2.0  # how often the live share is read from the state store
     # Finished work is committed at this pace, not per ack: RAGFlow's executor calls ack()
     # synchronously, and a commit round trip per task would halve its rate. Claims and done
     # markers (not commits) keep a redelivered record from running twice.
@@ -45,7 +45,7 @@ class ServeSettings:
     done_ttl_s: int = 2 * 86400  # how long a finished task's id skips later records of it
     sticky_s: float = 10.0  # a key's path is kept this long from the decision (not refreshed)
     evidence_flush_s: float = 2.0  # per-path counts are written to Valkey at this pace
-    key_prefix: str = "ragflow_mq"  # of the cap, evidence, claims and done markers
+    key_prefix: str = "ragflow_mq"  # of the live share, evidence, claims and done markers
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ SERVE = Table(
     Var("SERVE_PRODUCE_TIMEOUT_MS", "produce_timeout_ms", integer(100)),
     Var("SERVE_ENQUEUE_TIMEOUT_MS", "enqueue_timeout_ms", integer(50, 60000)),
     Var("SERVE_BREAKER_OPEN_S", "breaker_open_s", number(0.1, 3600.0)),
-    Var("SERVE_CAP_REFRESH_S", "cap_refresh_s", number(0.05, 3600.0)),
+    Var("SERVE_SHARE_REFRESH_S", "share_refresh_s", number(0.05, 3600.0)),
     Var("SERVE_COMMIT_INTERVAL_MS", "commit_interval_ms", integer(0)),
     Var("SERVE_SESSION_TIMEOUT_MS", "session_timeout_ms", integer(6000, 300000)),
     Var("SERVE_MAX_POLL_INTERVAL_MS", "max_poll_interval_ms", integer(1000, 86_400_000)),

@@ -1,4 +1,4 @@
-"""``ragflow-sidecar gate``: canary analysis of the served share, and the cap that rolls it back.
+"""``ragflow-sidecar gate``: canary analysis of the served share, and its roll-back.
 
 Two kinds of evidence over one window decide whether the share may go up:
 
@@ -8,25 +8,21 @@ Two kinds of evidence over one window decide whether the share may go up:
   executed tasks from Redis and from Kafka: failure rates and processing latency, compared.
 
 The decision is an exit code: 0 promote, 1 hold (not enough evidence, or a warning level
-crossed), 3 roll back. ``--apply`` acts on a roll-back only, by lowering the cap kept in Valkey
-to 0 (``ragflow_mq.cap``); it never raises anything. Raising is the operator's: the env, or
-``--clear-cap`` to lift a cap the gate set.
+crossed), 3 roll back. ``--apply`` acts on a roll-back only, by setting the live share to 0
+(``sidecar.serve.share``); it never raises anything. Raising is the operator's: ``shift --to``.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import valkey.asyncio as avalkey
-
-from ragflow_mq.cap import LOWER_SCRIPT, effective_percent, parse_cap
 from ragflow_mq.contract import EVENTS, EVIDENCE_TTL_S, PATHS, Keys
 from ragflow_mq.evidence import Evidence, PathEvidence, window_keys
+from ragflow_mq.share import ShareValues, share_keys
 from sidecar.config import Settings
 from sidecar.errors import ConfigError
 from sidecar.serve.gate_checks import (
@@ -42,8 +38,6 @@ from sidecar.serve.gate_checks import (
 from sidecar.transport.valkey_client import create_client, translate_valkey_errors
 from sidecar.verdicts.reader import VerdictReadStats, parse_since, read_verdicts
 
-logger = logging.getLogger(__name__)
-
 
 @dataclass
 class GateReport:
@@ -52,8 +46,8 @@ class GateReport:
     since_ms: int
     until_ms: int
     judged_share: float  # KAFKA_TRAFFIC_PERCENT
-    served_share: float  # KAFKA_SERVE_PERCENT
-    cap: float | None
+    served_share: float  # KAFKA_SERVE_PERCENT: the ceiling
+    share: ShareValues  # the live share (and an old cap) as stored
     judged: Judged
     served: Evidence
     served_active: bool
@@ -81,9 +75,10 @@ class GateReport:
             },
             "share": {
                 "judged": self.judged_share,
-                "served": self.served_share,
-                "cap": self.cap,
-                "served_effective": effective_percent(self.served_share, self.cap),
+                "ceiling": self.served_share,
+                "live": self.share.live,
+                "old_cap": self.share.old_cap,
+                "served": self.share.served(self.served_share),
             },
             "judged": self.judged.to_dict(),
             "served": {
@@ -132,12 +127,13 @@ def parse_window(text: str, now_ms: int) -> int:
 
 async def collect(settings: Settings, since_ms: int, until_ms: int) -> GateReport:
     """Read both kinds of evidence over ``[since_ms, until_ms]`` and judge them."""
-    served, cap = await read_served(settings, since_ms / 1000, until_ms / 1000)
+    served, share = await read_served(settings, since_ms / 1000, until_ms / 1000)
     judged = await read_judged(settings, since_ms)
     kafka = served["kafka"]
     # A share of 0 that served nothing has no population to compare; one that is set, or that
     # served something (a share lowered since), must show evidence before it can be promoted.
-    served_active = settings.serve.percent > 0 or any(
+    # The share in force is the live one: a ceiling raised ahead of the first step serves none.
+    served_active = share.served(settings.serve.percent) > 0 or any(
         kafka[event] for event in ("produced", "started", "finished")
     )
     return GateReport(
@@ -145,7 +141,7 @@ async def collect(settings: Settings, since_ms: int, until_ms: int) -> GateRepor
         until_ms=until_ms,
         judged_share=settings.mirror.traffic_percent,
         served_share=settings.serve.percent,
-        cap=cap,
+        share=share,
         judged=judged,
         served=served,
         served_active=served_active,
@@ -155,8 +151,9 @@ async def collect(settings: Settings, since_ms: int, until_ms: int) -> GateRepor
 
 async def read_served(
     settings: Settings, since_s: float, until_s: float
-) -> tuple[Evidence, float | None]:
-    """The window's evidence (one pipelined HGETALL per minute) and the cap, in one trip."""
+) -> tuple[Evidence, ShareValues]:
+    """The window's evidence (one pipelined HGETALL per minute) and the live share, in one
+    trip."""
     keys = Keys(settings.serve.key_prefix)
     names = window_keys(keys, since_s, until_s)
     client = create_client(settings.state)
@@ -167,11 +164,12 @@ async def read_served(
             pipe = client.pipeline(transaction=False)
             for name in names:
                 pipe.hgetall(name)
-            pipe.get(keys.cap)
+            for key in share_keys(keys):
+                pipe.get(key)
             replies: list[Any] = await pipe.execute()
     finally:
         await client.aclose()
-    return Evidence.from_hashes(replies[:-1]), parse_cap(replies[-1])
+    return Evidence.from_hashes(replies[:-2]), ShareValues.parse(*replies[-2:])
 
 
 async def read_judged(settings: Settings, since_ms: int) -> Judged:
@@ -200,70 +198,19 @@ def judged_of(records: Iterable[Mapping[str, Any]], streams: Iterable[str]) -> J
     return judged
 
 
-async def lower_cap(settings: Settings, previous: float | None) -> str:
-    """Lower the cap to 0; the script keeps a value already lower and never raises one, so a
-    gate applying at the same time as another (or as an operator) cannot undo it."""
-    keys = Keys(settings.serve.key_prefix)
-    client = create_client(settings.state)
-    try:
-        with translate_valkey_errors(f"lower the cap {keys.cap}", settings.state.display_url):
-            now = parse_cap(await _eval(client, LOWER_SCRIPT, keys.cap, "0"))
-    finally:
-        await client.aclose()
-    was = "unset" if previous is None else f"{previous:g}"
-    shown = "?" if now is None else f"{now:g}"
-    logger.info("gate lowered the served share's cap %s from %s to %s", keys.cap, was, shown)
-    done = f"already {shown}" if previous == now else f"lowered to {shown} (was {was})"
-    return (
-        f"cap {keys.cap} {done}: RAGFlow serves "
-        f"{effective_percent(settings.serve.percent, now):g} % from Kafka within "
-        f"SERVE_CAP_REFRESH_S={settings.serve.cap_refresh_s:g} s; the judged share "
-        f"(KAFKA_TRAFFIC_PERCENT={settings.mirror.traffic_percent:g}) is not changed by the cap"
-    )
-
-
-async def _eval(client: avalkey.Valkey, script: str, key: str, value: str) -> Any:
-    # valkey-py types eval as sync-or-async; on the asyncio client it awaits.
-    return await client.eval(script, 1, key, value)  # type: ignore[misc]
-
-
-async def clear_cap(settings: Settings) -> str:
-    """Lift the cap: RAGFlow serves ``KAFKA_SERVE_PERCENT`` again (an operator's raise).
-
-    The cap is set to 100 rather than deleted: a RAGFlow process that sees its cap vanish
-    takes it for an eviction and keeps the last value, so only this lifts it."""
-    keys = Keys(settings.serve.key_prefix)
-    client = create_client(settings.state)
-    try:
-        with translate_valkey_errors(f"delete the cap {keys.cap}", settings.state.display_url):
-            previous = parse_cap(await client.get(keys.cap))
-            await client.set(keys.cap, "100")
-    finally:
-        await client.aclose()
-    percent = settings.serve.percent
-    if previous is None or previous >= 100:
-        return f"no cap {keys.cap} was set: RAGFlow serves KAFKA_SERVE_PERCENT={percent:g} %"
-    logger.info("gate cleared the served share's cap %s (was %g)", keys.cap, previous)
-    return (
-        f"cap {keys.cap} cleared (was {previous:g}): RAGFlow serves "
-        f"KAFKA_SERVE_PERCENT={percent:g} % from Kafka within "
-        f"SERVE_CAP_REFRESH_S={settings.serve.cap_refresh_s:g} s"
-    )
-
-
 def render_json(report: GateReport) -> str:
     return json.dumps(report.to_dict(), indent=2, sort_keys=True)
 
 
 def render_table(report: GateReport) -> str:
     """A header (window, shares, evidence), one row per check, and the decision."""
-    judged, cap = report.judged, report.cap
+    judged, live = report.judged, report.share.live
     lines = [
         f"gate over {_time(report.since_ms)} → {_time(report.until_ms)}",
-        f"share: judged {report.judged_share:g} % (KAFKA_TRAFFIC_PERCENT), served "
-        f"{report.served_share:g} % (KAFKA_SERVE_PERCENT), cap "
-        f"{'none' if cap is None else f'{cap:g}'}, served now "
-        f"{effective_percent(report.served_share, cap):g} %",
+        f"share: judged {report.judged_share:g} % (KAFKA_TRAFFIC_PERCENT), ceiling "
+        f"{report.served_share:g} % (KAFKA_SERVE_PERCENT), live share "
+        f"{'unset' if live is None else f'{live:g} %'}, served now "
+        f"{report.share.served(report.served_share):g} %",
         f"judged: {judged.judged} final verdicts, "
         + ", ".join(f"{judged.kinds[kind]} {kind}" for kind in FINAL_VERDICTS)
         + f"; {judged.duplicates} duplicate",

@@ -20,9 +20,9 @@ from typing import Any, Final
 
 import valkey.asyncio as avalkey
 
-from ragflow_mq.cap import effective_percent, parse_cap
 from ragflow_mq.contract import EVENTS, LATENCIES, PATHS, Keys
 from ragflow_mq.evidence import Evidence, window_keys
+from ragflow_mq.share import ShareValues, share_keys
 from sidecar.config import Settings
 from sidecar.errors import SidecarError
 from sidecar.lifecycle import Poller
@@ -41,16 +41,16 @@ Sample = tuple[Mapping[str, str], float]
 
 @dataclass
 class ServedValues:
-    """What the last successful poll read; zeros (and no cap) before the first one."""
+    """What the last successful poll read; zeros (and no live share) before the first one."""
 
     totals: Counter[tuple[str, str]] = field(default_factory=Counter)  # (path, event) -> n
     recent: Evidence = field(default_factory=lambda: Evidence.from_hashes(()))
-    cap: float | None = None
+    share: ShareValues = field(default_factory=ShareValues)
     polled_at: float | None = None  # time.time() of the last successful poll
 
 
 class ServedEvidencePoller(Poller):
-    """Reads the served share's evidence and cap from Valkey every ``interval_s``."""
+    """Reads the served share's evidence and live share from Valkey every ``interval_s``."""
 
     def __init__(
         self, settings: Settings, *, client: avalkey.Valkey, interval_s: float = POLL_INTERVAL_S
@@ -74,7 +74,8 @@ class ServedEvidencePoller(Poller):
         self._client = None
 
     async def poll(self) -> bool:
-        """One read (totals, recent minutes, cap) in one pipeline; ``False`` if it failed."""
+        """One read (totals, recent minutes, live share) in one pipeline; ``False`` if it
+        failed."""
         if self._client is None:
             return False
         now = time.time()
@@ -86,7 +87,8 @@ class ServedEvidencePoller(Poller):
                 pipe.hgetall(self._keys.evidence_total)
                 for name in recent:
                     pipe.hgetall(name)
-                pipe.get(self._keys.cap)
+                for key in share_keys(self._keys):
+                    pipe.get(key)
                 replies: list[Any] = await pipe.execute()
         except SidecarError as exc:
             # Once per outage, not every 10 s; the gauges keep the last values meanwhile.
@@ -100,8 +102,8 @@ class ServedEvidencePoller(Poller):
         total = Evidence.from_hashes(replies[:1])
         self.values = ServedValues(
             totals=Counter({(p, e): total[p][e] for p in PATHS for e in EVENTS}),
-            recent=Evidence.from_hashes(replies[1:-1]),
-            cap=parse_cap(replies[-1]),
+            recent=Evidence.from_hashes(replies[1:-2]),
+            share=ShareValues.parse(*replies[-2:]),
             polled_at=now,
         )
         return True
@@ -111,7 +113,7 @@ def register_served_metrics(
     metrics: SidecarMetrics, poller: ServedEvidencePoller, settings: Settings
 ) -> None:
     """The served share's instruments, read from ``poller.values`` at collection time."""
-    judged, served = settings.mirror.traffic_percent, settings.serve.percent
+    judged, ceiling = settings.mirror.traffic_percent, settings.serve.percent
 
     def tasks() -> list[Sample]:
         totals = poller.values.totals
@@ -120,11 +122,16 @@ def register_served_metrics(
         return [({"path": p, "event": e}, float(totals[(p, e)])) for p in PATHS for e in EVENTS]
 
     def shares() -> list[Sample]:
-        effective = effective_percent(served, poller.values.cap)
+        share = poller.values.share
+        served = share.served(ceiling)
         return [
             ({"share": "judged"}, judged),
+            ({"share": "ceiling"}, ceiling),
+            # Never set: the ceiling is what RAGFlow follows.
+            ({"share": "live"}, ceiling if share.live is None else share.live),
             ({"share": "served"}, served),
-            ({"share": "served_effective"}, effective),
+            # The name of `served` before the live share (docs/metrics.md), for one release.
+            ({"share": "served_effective"}, served),
         ]
 
     metrics.observe_counter(
@@ -134,7 +141,8 @@ def register_served_metrics(
     )
     metrics.observe_gauge(
         "serve_percent",
-        "judged (KAFKA_TRAFFIC_PERCENT), served (KAFKA_SERVE_PERCENT) and served under the cap",
+        "judged (KAFKA_TRAFFIC_PERCENT), ceiling (KAFKA_SERVE_PERCENT), live (shift --to) and "
+        "served (what RAGFlow executes from Kafka: the lowest)",
         shares,
     )
     metrics.observe_gauge(

@@ -25,6 +25,9 @@ from sidecar.config import ShadowSettings
 from sidecar.errors import ConfigError
 from sidecar.verdicts.model import VerdictRecord
 
+# The comparators whose differences make a mismatch (delivery timing is only reported).
+MISMATCH_COMPARATORS: tuple[str, ...] = ("payload", "outcome", "routing", "ordering")
+
 
 def load_compare_rules(path: str | None) -> CompareRules:
     """``COMPARE_RULES`` as rules; a bad file stops the sidecar naming the variable."""

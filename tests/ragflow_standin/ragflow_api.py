@@ -3,8 +3,9 @@
 ``python -m ragflow_api --docs N --tasks-per-doc M [--priority-every K] [--rate R] --out FILE``
 queues N documents of M parse tasks each, in order, through
 ``REDIS_CONN.queue_product(get_svr_queue_name(priority), message=task)``, and writes one JSON line
-per task to FILE: ``{"task_id", "doc_id", "from_page", "priority", "queue", "ok", "took_s"}``
-(``took_s``: how long ``queue_product`` held RAGFlow's caller). Document i
+per task to FILE: ``{"task_id", "doc_id", "from_page", "priority", "queue", "ok", "took_s",
+"at"}`` (``took_s``: how long ``queue_product`` held RAGFlow's caller; ``at``: when it
+returned, epoch seconds). Document i
 (from 0) is at priority 1 when K > 0 and i % K == 0. ``--rate`` is tasks per second, 0 = as fast
 as possible. Exit 0, or 1 when a ``queue_product`` returned False (after writing its line).
 
@@ -112,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                 "queue": queue,
                 "ok": ok,
                 "took_s": round(took_s, 4),
+                "at": round(time.time(), 4),
             }
             out.write(json.dumps(line) + "\n")
             out.flush()

@@ -1,0 +1,115 @@
+"""The live share: the served share as set in the state store, followed without a restart.
+
+``ragflow-sidecar shift --to P`` writes it (``gate --apply`` writes 0 on a roll-back); every
+RAGFlow process with ``install()`` reads it every ``SERVE_SHARE_REFRESH_S`` and serves
+``min(KAFKA_SERVE_PERCENT, live share)``: the env stays the operator's ceiling, which nothing in
+the store can exceed. A live share never set serves the ceiling, as before there was one.
+
+The cap of earlier builds (``<prefix>:serve_cap``) is still honoured, the lower of the two
+winning, so a roll-back written by an older gate holds through the upgrade; the next shift
+folds it in (writes 100, its no-cap value).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ragflow_mq.contract import Keys
+
+logger = logging.getLogger(__name__)
+
+
+def parse_percent(raw: str | bytes | None) -> float | None:
+    """A stored percentage, or ``None`` when unset or unreadable (the reader logs the latter: a
+    garbled key must not silently serve more than the ceiling says)."""
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    if math.isnan(value):
+        return None
+    return min(max(value, 0.0), 100.0)
+
+
+@dataclass(frozen=True)
+class ShareValues:
+    """The live share and the old cap as stored; ``None``: not set."""
+
+    live: float | None = None
+    old_cap: float | None = None
+
+    @classmethod
+    def parse(cls, live: str | bytes | None, old_cap: str | bytes | None) -> ShareValues:
+        return cls(parse_percent(live), parse_percent(old_cap))
+
+    def served(self, ceiling: float) -> float:
+        """What RAGFlow serves: the ceiling, lowered by the live share and the old cap."""
+        return min([ceiling, *(v for v in (self.live, self.old_cap) if v is not None)])
+
+
+def share_keys(keys: Keys) -> tuple[str, str]:
+    """The keys a reader GETs, in :meth:`ShareValues.parse`'s order."""
+    return keys.share, keys.old_cap
+
+
+class LiveShare:
+    """One RAGFlow process's view of the live share, read from the state store.
+
+    A key that vanishes after it was read keeps its last value: ``shift`` never deletes one,
+    so a vanished key was evicted (RAGFlow's Valkey is an LRU cache), and an eviction must not
+    raise the share by itself. A process started after the eviction serves the ceiling.
+    """
+
+    def __init__(self, keys: Keys) -> None:
+        self._keys = keys
+        self.values = ShareValues()
+        self._read_failed = False
+        self._vanished: set[str] = set()
+        self._garbled: set[str] = set()
+
+    def read(self, client: Any) -> None:
+        """Both keys in one round trip (a pipeline of GETs: the ACL of docs/security.md);
+        a failed read keeps the values in hand and warns once per outage."""
+        try:
+            pipe = client.pipeline(transaction=False)
+            for key in share_keys(self._keys):
+                pipe.get(key)
+            live_raw, cap_raw = pipe.execute()
+        except Exception as exc:
+            if not self._read_failed:
+                self._read_failed = True
+                logger.warning(
+                    "ragflow_mq cannot read the live share (keeping %s): %s", self.values, exc
+                )
+            return
+        self._read_failed = False
+        values = ShareValues(
+            self._value(self._keys.share, live_raw, self.values.live),
+            self._value(self._keys.old_cap, cap_raw, self.values.old_cap),
+        )
+        if values != self.values:
+            logger.info("ragflow_mq: live share now %s, old cap %s", values.live, values.old_cap)
+        self.values = values
+
+    def _value(self, key: str, raw: str | bytes | None, last: float | None) -> float | None:
+        if raw is None and last is not None:
+            if key not in self._vanished:
+                self._vanished.add(key)
+                logger.warning(
+                    "ragflow_mq: %s vanished (evicted?); keeping %g until it is set", key, last
+                )
+            return last
+        self._vanished.discard(key)
+        value = parse_percent(raw)
+        if raw is not None and value is None:
+            if key not in self._garbled:
+                self._garbled.add(key)
+                logger.warning("ragflow_mq: %s holds %r, not a number; ignored", key, raw)
+        else:
+            self._garbled.discard(key)
+        return value
