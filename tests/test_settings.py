@@ -134,6 +134,22 @@ def test_the_served_paths_defaults() -> None:
 
 
 @pytest.mark.parametrize(
+    ("variable", "said"),
+    [
+        ("SERVE_CAP_REFRESH_S", "renamed SERVE_SHARE_REFRESH_S"),
+        ("SERVE_MAX_ATTEMPTS", "retry_count"),
+        ("SERVE_REVOKE_WAIT_S", "claims"),
+    ],
+)
+def test_a_retired_variable_stops_the_start_naming_it(variable: str, said: str) -> None:
+    """An operator's setting for an older build is refused, never silently ignored."""
+    with pytest.raises(ConfigError, match=said) as caught:
+        Settings.from_env({variable: "3"})
+    assert caught.value.variable == variable
+    Settings.from_env({variable: " "})  # set empty, as compose passes an unset one: fine
+
+
+@pytest.mark.parametrize(
     ("variable", "lowest", "highest", "below", "above"),
     [
         ("SERVE_ENQUEUE_TIMEOUT_MS", "50", "60000", "49", "60001"),

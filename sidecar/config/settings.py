@@ -43,6 +43,7 @@ from sidecar.config.model import (
 from sidecar.config.rollout import ROLLOUT, RolloutSettings, build_rollout
 from sidecar.config.serve import GATE, SERVE, GateSettings, ServeSettings, build_gate, build_serve
 from sidecar.config.service_conf import read_service_conf
+from sidecar.errors import ConfigError
 from sidecar.transport.options import (
     COMPRESSION_TYPES,
     SASL_MECHANISMS,
@@ -79,6 +80,9 @@ class Settings:
     ) -> Settings:
         """Build and validate the settings; the one place that reads configuration."""
         env = os.environ if environ is None else environ
+        for name, instead in RETIRED_VARIABLES.items():
+            if (env.get(name) or "").strip():
+                raise ConfigError(name, f"no longer read: {instead}")
         values: dict[str, Value] = {}
         if config_file is not None:
             values.update(read_service_conf(Path(config_file), env))
@@ -335,6 +339,13 @@ CORE = Table(
     Var("SIDECAR_STATE_URL", "state"),
     Var("MQ_BACKEND", "mq_backend"),
 )
+
+# Set by an operator for an older build: refused, not silently ignored, with what replaced it.
+RETIRED_VARIABLES: dict[str, str] = {
+    "SERVE_CAP_REFRESH_S": "renamed SERVE_SHARE_REFRESH_S",
+    "SERVE_MAX_ATTEMPTS": "RAGFlow's own retry_count abandons a task; remove it",
+    "SERVE_REVOKE_WAIT_S": "claims keep a rebalance from running a task twice; remove it",
+}
 
 KNOWN_VARIABLES: tuple[str, ...] = tuple(
     dict.fromkeys(
