@@ -7,7 +7,6 @@ patience.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -70,10 +69,15 @@ class GateSettings:
 def _alpha(reader: Reader, name: str, default: float, _: Mapping[str, Any]) -> float:
     """A probability strictly between 0 and 0.5: 0 could never roll back, and from 0.5 on a
     roll-back would be no better than a coin."""
-    value = reader.number(name, default, -math.inf, math.inf)
-    if not 0.0 < value < 0.5:
-        shown = reader.text(name, None) or f"{value:g}"
-        raise reader.error(name, f"{shown} is out of range (must be above 0 and below 0.5)")
+    text = reader.text(name, None)
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise reader.error(name, f"{text!r} is not a number") from None
+    if not 0.0 < value < 0.5:  # also refuses NaN
+        raise reader.error(name, f"{text} is out of range (must be above 0 and below 0.5)")
     return value
 
 

@@ -201,7 +201,8 @@ def _latency_details(
         # Under the floor, times compare as equal: the ratio of 5 ms to 2 ms is no slowdown.
         ratio = None if k is None or r is None else max(k, floor_ms) / max(r, floor_ms)
         details[f"{label}_ratio"] = ratio
-    details["kafka_slower_probability"] = hist.slower_probability(kafka, redis)
+    _, pair = hist.merge_floor(bounds, np.array([kafka, redis], dtype=float), floor_ms)
+    details["kafka_slower_probability"] = hist.slower_probability(pair[0], pair[1])
     return details
 
 
