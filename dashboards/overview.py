@@ -343,8 +343,8 @@ SERVED_SHARE = Row(
         Graph(
             "Failure rate per path",
             "Failed over finished served tasks per path, over the last 5 minutes (0 when "
-            "none finished). The gate rolls back when kafka exceeds redis by more than "
-            "GATE_MAX_FAILURE_DELTA_PP.",
+            "none finished). The gate rolls back when its sequential test proves kafka's "
+            "failures per finished task above redis's (GATE_ALPHA).",
             (Query("max by (path) (ragflow_sidecar_served_failure_percent)", "{{path}}"),),
             "percent",
             width=6,
@@ -353,8 +353,8 @@ SERVED_SHARE = Row(
         Graph(
             "Processing p99 per path",
             "p99 of served tasks' processing time per path over the last 5 minutes, as "
-            "coarse as ragflow_mq's buckets (0 without a sample). The gate rolls back "
-            "above GATE_MAX_P99_RATIO times redis's.",
+            "coarse as ragflow_mq's buckets (0 without a sample). The gate compares the "
+            "whole distribution, and rolls back when it proves kafka's slower (GATE_ALPHA).",
             (Query(f"max by (path) ({_SERVED_P99})", "{{path}}"),),
             "ms",
             width=6,

@@ -33,10 +33,22 @@ Event = Literal[
 # queue_wait: enqueued to handed out; processing: handed out to acked.
 LATENCIES: Final = ("queue_wait", "processing")
 Latency = Literal["queue_wait", "processing"]
-# Upper bounds (ms) of the latency histograms; the last bucket is open.
+# Upper bounds (ms) of the latency histograms; the last bucket is open. Roughly 1.5x apart
+# from 1 s to 3 h, RAGFlow's range, so that a 1.5x slowdown moves a task about one bucket
+# wherever it falls; fields <path>:<latency>:v2b<index> (BUCKET_FIELD).
 BUCKETS_MS: Final[tuple[float, ...]] = (
+    10, 25, 50, 100, 250, 500, 1000, 1500, 2500, 3500, 5000, 7000, 10000, 15000, 20000, 30000,
+    45000, 60000, 90000, 120000, 180000, 300000, 450000, 600000, 900000, 1200000, 1800000,
+    2700000, 3600000, 5400000, 7200000, 10800000,
+)  # fmt: skip
+BUCKET_FIELD: Final = "v2b"
+# The layout of builds before issue 23 (fields <path>:<latency>:b<index>), still read: a
+# window may hold minutes, or processes, of both. Every one of its bounds from 10 ms up is
+# also a bound of BUCKETS_MS, so both layouts merge exactly onto the bounds they share.
+LEGACY_BUCKETS_MS: Final[tuple[float, ...]] = (
     5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000, 1800000,
 )  # fmt: skip
+LEGACY_BUCKET_FIELD: Final = "b"
 EVIDENCE_TTL_S: Final = 2 * 86400
 DEFAULT_KEY_PREFIX: Final = "ragflow_mq"
 
@@ -88,7 +100,7 @@ def count_field(path: str, event: str) -> str:
 
 def bucket_field(path: str, latency: str, index: int) -> str:
     """The field of bucket ``index`` (``len(BUCKETS_MS)`` is the open one)."""
-    return f"{path}:{latency}:b{index}"
+    return f"{path}:{latency}:{BUCKET_FIELD}{index}"
 
 
 def sum_field(path: str, latency: str) -> str:

@@ -173,6 +173,34 @@ def test_the_served_paths_bounds_are_refused_naming_the_variable(
         assert str(caught.value).startswith(f"{variable}: {value} is out of range")
 
 
+def test_gate_alpha_is_a_probability_strictly_between_0_and_half() -> None:
+    """GATE_ALPHA, the sequential tests' error rate: 0 could never roll back and from 0.5 on a
+    roll-back is no better than a coin, so both ends are refused at start, naming it."""
+    assert Settings.from_env({}).gate.alpha == 0.01
+    for value in ("0.0001", "0.05", "0.499"):
+        assert Settings.from_env({"GATE_ALPHA": value}).gate.alpha == float(value)
+    for value in ("0", "0.5", "-0.01", "1", "nan"):
+        with pytest.raises(ConfigError) as caught:
+            Settings.from_env({"GATE_ALPHA": value})
+        assert caught.value.variable == "GATE_ALPHA"
+        assert str(caught.value).startswith(f"GATE_ALPHA: {value} is out of range"), caught.value
+    with pytest.raises(ConfigError, match="GATE_ALPHA: 'one percent' is not a number"):
+        Settings.from_env({"GATE_ALPHA": "one percent"})
+
+
+def test_the_gates_fixed_thresholds_are_gone() -> None:
+    """The sequential tests replaced them; GATE_LATENCY_FLOOR_MS replaced the p99 floor."""
+    retired = {
+        "GATE_MAX_FAILURE_DELTA_PP",
+        "GATE_WARN_FAILURE_DELTA_PP",
+        "GATE_MAX_P99_RATIO",
+        "GATE_WARN_P99_RATIO",
+        "GATE_P99_FLOOR_MS",
+    }
+    assert not retired & set(KNOWN_VARIABLES)
+    assert Settings.from_env({"GATE_LATENCY_FLOOR_MS": "250"}).gate.latency_floor_ms == 250.0
+
+
 def test_secrets_never_show_in_reprs() -> None:
     settings = Settings.from_env(
         {

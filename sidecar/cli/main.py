@@ -18,6 +18,7 @@ from sidecar.app.service import Sidecar
 from sidecar.app.state_store import warn_if_evicting
 from sidecar.app.supervisor import run_until_signal
 from sidecar.app.wiring import StandaloneMirror
+from sidecar.cli import rollout as rollout_cli
 from sidecar.cli.diffs import render_diffs
 from sidecar.cli.reconcile import reconcile, render_json, render_report
 from sidecar.cli.roundtrip import round_trip
@@ -114,6 +115,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     shift.add_argument("--reason", default="", help="why, kept with the change in its log")
     shift.add_argument("--json", action="store_true", help="as JSON")
+    rollout_cli.add_parser(commands)
     drain = commands.add_parser(
         "drain-to-redis",
         help="executors stopped: move every unconsumed served record back to its Redis stream",
@@ -321,8 +323,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run_dev_command(args)
         settings = Settings.from_env(config_file=args.config)
         # aiokafka reports a refused password as a broker that is down, which would be retried.
-        # `shift` needs only the state store: a roll-back must not wait for Kafka.
-        if args.command != "shift":
+        # `shift` and the rollout's controls need only the state store: a roll-back must not
+        # wait for Kafka (the autopilot's gate reads Kafka on its own turns).
+        if args.command not in ("shift", "rollout"):
             asyncio.run(check_login(settings.kafka))
         if args.command == "mirror":
             if args.compare:
@@ -340,6 +343,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_gate(settings, args))
         if args.command == "shift":
             return asyncio.run(_shift(settings, args))
+        if args.command == "rollout":
+            return asyncio.run(rollout_cli.run(settings, args))
         if args.command == "drain-to-redis":
             return asyncio.run(_drain(settings, args))
         if args.command == "status":

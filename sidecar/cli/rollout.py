@@ -72,9 +72,7 @@ async def _status(store: RolloutStore, *, as_json: bool) -> str:
     return render_status(state, decisions, holder)
 
 
-def render_status(
-    state: RolloutState | None, decisions: list[Decision], holder: str | None
-) -> str:
+def render_status(state: RolloutState | None, decisions: list[Decision], holder: str | None) -> str:
     if state is None:
         return "rollout: never started (`ragflow-sidecar rollout run` starts it)"
     lines = [

@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 
+from ragflow_mq.evidence import Evidence
 from sidecar.config import Settings
 from sidecar.config.rollout import check_plan
 from sidecar.errors import SidecarError
@@ -28,7 +29,6 @@ from sidecar.serve.gate import collect, read_served
 from sidecar.serve.gate_checks import DECISIONS
 from sidecar.serve.share import set_share
 from sidecar.transport.valkey_client import create_client
-from ragflow_mq.evidence import Evidence
 
 logger = logging.getLogger(__name__)
 
@@ -46,13 +46,17 @@ async def look(settings: Settings, state: RolloutState, now_ms: int) -> GateView
     report = await collect(settings, state.started_ms or state.step_since_ms, now_ms)
     minutes, _ = await read_served(settings, state.step_since_ms / 1000, now_ms / 1000)
     step = Evidence.from_minutes(minutes)
-    needed = getattr(report, "needed", None)
+    needed = "; ".join(
+        f"{check.name}: " + ", ".join(f"{path} +{n}" for path, n in check.needed.items())
+        for check in report.checks
+        if check.verdict == "hold" and check.needed
+    )
     return GateView(
         decision=DECISIONS[report.decision],  # type: ignore[arg-type]
         reasons=tuple(report.reasons),
         kafka_tasks=step["kafka"]["finished"],
         redis_tasks=step["redis"]["finished"],
-        needed=str(needed) if needed else "",
+        needed=needed,
     )
 
 

@@ -5,7 +5,10 @@ Two kinds of evidence over one window decide whether the share may go up:
 - judged: the final verdicts the sidecar published about the mirrored streams (``match`` rate,
   ``missing_*`` counts), read from the verdicts topic without a consumer group;
 - served: what RAGFlow's own processes recorded per path (``ragflow_mq.evidence``) while they
-  executed tasks from Redis and from Kafka: failure rates and processing latency, compared.
+  executed tasks from Redis and from Kafka, minute by minute: failed, retried and
+  dead-lettered tasks, processing and queue-wait times, compared by sequential tests whose
+  error rate (``GATE_ALPHA``) holds however often the gate is asked over a window that starts
+  at a fixed time (``sidecar/serve/gate_stats.py``).
 
 The decision is an exit code: 0 promote, 1 hold (not enough evidence, or a warning level
 crossed), 3 roll back. ``--apply`` acts on a roll-back only, by setting the live share to 0
@@ -15,7 +18,7 @@ crossed), 3 roll back. ``--apply`` acts on a roll-back only, by setting the live
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -31,12 +34,16 @@ from sidecar.serve.gate_checks import (
     HOLD,
     PROMOTE,
     ROLLBACK,
+    TEST_NAMES,
     Check,
     Judged,
     analyse,
 )
+from sidecar.serve.gate_stats import TESTS
 from sidecar.transport.valkey_client import create_client, translate_valkey_errors
 from sidecar.verdicts.reader import VerdictReadStats, parse_since, read_verdicts
+
+TESTED_NAMES = frozenset(name for name, _ in TEST_NAMES.values())
 
 
 @dataclass
@@ -51,6 +58,7 @@ class GateReport:
     judged: Judged
     served: Evidence
     served_active: bool
+    alpha: float  # GATE_ALPHA, split evenly over the sequential tests
     checks: list[Check]
     action: str | None = None  # what --apply did
 
@@ -85,6 +93,7 @@ class GateReport:
                 "active": self.served_active,
                 **{path: _path_dict(self.served[path]) for path in PATHS},
             },
+            "alpha": {"total": self.alpha, "per_test": self.alpha / len(TESTS)},
             "checks": [check.to_dict() for check in self.checks],
             "decision": {
                 "code": self.decision,
@@ -127,7 +136,8 @@ def parse_window(text: str, now_ms: int) -> int:
 
 async def collect(settings: Settings, since_ms: int, until_ms: int) -> GateReport:
     """Read both kinds of evidence over ``[since_ms, until_ms]`` and judge them."""
-    served, share = await read_served(settings, since_ms / 1000, until_ms / 1000)
+    minutes, share = await read_served(settings, since_ms / 1000, until_ms / 1000)
+    served = Evidence.from_minutes(minutes)
     judged = await read_judged(settings, since_ms)
     kafka = served["kafka"]
     # A share of 0 that served nothing has no population to compare; one that is set, or that
@@ -145,15 +155,16 @@ async def collect(settings: Settings, since_ms: int, until_ms: int) -> GateRepor
         judged=judged,
         served=served,
         served_active=served_active,
-        checks=analyse(settings.gate, judged, served, served_active=served_active),
+        alpha=settings.gate.alpha,
+        checks=analyse(settings.gate, judged, served, minutes, served_active=served_active),
     )
 
 
 async def read_served(
     settings: Settings, since_s: float, until_s: float
-) -> tuple[Evidence, ShareValues]:
-    """The window's evidence (one pipelined HGETALL per minute) and the live share, in one
-    trip."""
+) -> tuple[list[Evidence], ShareValues]:
+    """The window's evidence, minute by minute (one pipelined HGETALL per minute), and the
+    live share, in one trip."""
     keys = Keys(settings.serve.key_prefix)
     names = window_keys(keys, since_s, until_s)
     client = create_client(settings.state)
@@ -169,7 +180,8 @@ async def read_served(
             replies: list[Any] = await pipe.execute()
     finally:
         await client.aclose()
-    return Evidence.from_hashes(replies[:-2]), ShareValues.parse(*replies[-2:])
+    minutes = [Evidence.from_hashes([reply]) for reply in replies[:-2]]
+    return minutes, ShareValues.parse(*replies[-2:])
 
 
 async def read_judged(settings: Settings, since_ms: int) -> Judged:
@@ -218,14 +230,24 @@ def render_table(report: GateReport) -> str:
         *_served_table(report.served),
         "",
     ]
-    rows = [("check", "value", "threshold", "verdict")]
-    rows += [(c.name, c.shown, c.threshold, c.verdict) for c in report.checks]
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    # The verdict column is last and not padded, so a line ends with it (easy to grep).
-    lines += [
-        "  ".join([*(cell.ljust(width) for cell, width in zip(row, widths, strict=False)), row[3]])
-        for row in rows
-    ]
+    # The sequential tests in a table of their own: they have an effect and tasks needed.
+    tested = [check for check in report.checks if check.name in TESTED_NAMES]
+    rows: list[tuple[str, ...]] = [("check", "value", "threshold", "verdict")]
+    rows += [(c.name, c.shown, c.threshold, c.verdict) for c in report.checks if c not in tested]
+    lines += _columns(rows)
+    if tested:
+        per_test = report.alpha / len(TESTS)
+        lines += [
+            "",
+            f"sequential tests, kafka worse than redis (GATE_ALPHA={report.alpha:g}, "
+            f"{per_test:g} each: roll back at e-value ≥ 1/{per_test:g}):",
+        ]
+        rows = [("test", "e-value", "threshold", "effect", "still needed", "verdict")]
+        rows += [
+            (c.name, c.shown, c.threshold, c.effect or "-", _needed(c.needed), c.verdict)
+            for c in tested
+        ]
+        lines += _columns(rows)
     name = DECISIONS[report.decision]
     lines += ["", f"decision: {name.upper()} (exit {report.decision})"]
     lines += [f"  - {reason}" for reason in report.reasons]
@@ -269,3 +291,19 @@ def _quantiles(evidence: PathEvidence, latency: str) -> str:
 
 def _time(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _columns(rows: Sequence[tuple[str, ...]]) -> list[str]:
+    """Left-aligned columns; the last (the verdict) is not padded, so a line ends with it
+    (easy to grep)."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    return [
+        "  ".join([*(cell.ljust(width) for cell, width in zip(row, widths, strict=False)), row[-1]])
+        for row in rows
+    ]
+
+
+def _needed(needed: dict[str, int] | None) -> str:
+    if not needed:
+        return "-"
+    return ", ".join(f"{path} +{n}" for path, n in needed.items())

@@ -2,18 +2,23 @@
 ``hold``, ``rollback`` or ``n/a``; the worst row decides (``sidecar/serve/gate.py`` reads the
 evidence).
 
-Kept free of I/O so that every rule can be read, and tried, on its own.
+Judged verdicts are checked against fixed levels: a mismatch is a wrong result, not noise.
+Served evidence goes through the sequential tests of ``gate_stats`` (Kafka's path worse than
+Redis's), once each path has finished ``GATE_MIN_SAMPLE`` tasks. Kept free of I/O so that every
+rule can be read, and tried, on its own.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from ragflow_mq.contract import PATHS
-from ragflow_mq.evidence import Evidence, PathEvidence
+from ragflow_mq.evidence import Evidence
 from sidecar.config.serve import GateSettings
+from sidecar.serve.gate_stats import TESTS, SequentialResult, run_tests
 
 PROMOTE: Final = 0
 HOLD: Final = 1
@@ -59,23 +64,48 @@ class Check:
     threshold: str
     verdict: CheckVerdict
     reason: str = ""  # why it holds or rolls back; empty when ok
+    effect: str = ""  # a sequential test's effect estimate
+    # More tasks per path that would decide a hold (an estimate; see gate_stats).
+    needed: dict[str, int] | None = None
+    test: SequentialResult | None = None  # the sequential test behind the row, if any
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        row: dict[str, Any] = {
             "check": self.name,
             "value": self.value,
             "shown": self.shown,
             "threshold": self.threshold,
             "verdict": self.verdict,
             "reason": self.reason,
+            "needed": self.needed,
         }
+        if self.test is not None:
+            row["test"] = {
+                "name": self.test.name,
+                "e_value": self.test.e_value,
+                "alpha": self.test.alpha,
+                "threshold": self.test.threshold,
+                "hold_level": self.test.hold_level,
+                "effect": self.effect,
+                **self.test.details,
+            }
+        return row
 
 
 def analyse(
-    gate: GateSettings, judged: Judged, served: Evidence, *, served_active: bool
+    gate: GateSettings,
+    judged: Judged,
+    served: Evidence,
+    minutes: Sequence[Evidence],
+    *,
+    served_active: bool,
 ) -> list[Check]:
-    """The checks, each ``ok``, ``hold``, ``rollback`` or ``n/a``; the worst one decides."""
-    return [*_judged_checks(gate, judged), *_served_checks(gate, served, served_active)]
+    """The checks, each ``ok``, ``hold``, ``rollback`` or ``n/a``; the worst one decides.
+    ``minutes`` are the window's minute buckets in time order, ``served`` their sum."""
+    return [
+        *_judged_checks(gate, judged),
+        *_served_checks(gate, served, minutes, served_active),
+    ]
 
 
 def _judged_checks(gate: GateSettings, judged: Judged) -> list[Check]:
@@ -140,16 +170,26 @@ def _judged_checks(gate: GateSettings, judged: Judged) -> list[Check]:
     return checks
 
 
-def _served_checks(gate: GateSettings, served: Evidence, active: bool) -> list[Check]:
-    redis, kafka = served["redis"], served["kafka"]
+# The table's name of each sequential test, and what a roll-back says about Kafka.
+TEST_NAMES: Final = {
+    "failed": ("failed per finished", "kafka fails more than redis"),
+    "retried": ("retried per started", "kafka retries more than redis"),
+    "dead_lettered": ("dead_lettered per consumed", "kafka dead-letters more than redis"),
+    "processing": ("processing time", "kafka processes slower than redis"),
+    "queue_wait": ("queue wait", "kafka's tasks wait longer than redis's"),
+}
+
+
+def _served_checks(
+    gate: GateSettings, served: Evidence, minutes: Sequence[Evidence], active: bool
+) -> list[Check]:
     least = gate.min_sample
     if not active:
         idle = "n/a: nothing served from Kafka (KAFKA_SERVE_PERCENT=0, no Kafka tasks seen)"
         counts = [(path, served[path]["finished"]) for path in PATHS]
         return [
             *(Check(f"finished ({p})", n, str(n), f"≥ {least}", "n/a", idle) for p, n in counts),
-            Check("failure rate delta (kafka - redis)", None, "-", "n/a", "n/a", idle),
-            Check("processing p99 ratio (kafka / redis)", None, "-", "n/a", "n/a", idle),
+            *(Check(TEST_NAMES[t][0], None, "-", "n/a", "n/a", idle) for t in TESTS),
         ]
     checks = []
     for path in PATHS:
@@ -157,52 +197,37 @@ def _served_checks(gate: GateSettings, served: Evidence, active: bool) -> list[C
         if n >= least:
             checks.append(Check(f"finished ({path})", n, str(n), f"≥ {least}", "ok"))
         else:
-            short = f"only {n} {path}-path tasks finished (GATE_MIN_SAMPLE={least})"
-            checks.append(Check(f"finished ({path})", n, str(n), f"≥ {least}", "hold", short))
-    checks.append(_failure_check(gate, redis, kafka))
-    checks.append(_p99_check(gate, redis, kafka))
+            short = (
+                f"only {n} {path}-path tasks finished (GATE_MIN_SAMPLE={least}): "
+                f"{least - n} more needed"
+            )
+            needed: dict[str, int] = {path: least - n}
+            checks.append(
+                Check(f"finished ({path})", n, str(n), f"≥ {least}", "hold", short, "", needed)
+            )
+    checks += [_test_check(test) for test in run_tests(minutes, gate.alpha, gate.latency_floor_ms)]
     return checks
 
 
-def _failure_check(gate: GateSettings, redis: PathEvidence, kafka: PathEvidence) -> Check:
-    name = "failure rate delta (kafka - redis)"
-    limit, warn = gate.max_failure_delta_pp, gate.warn_failure_delta_pp
-    threshold = f"≤ {limit:g} pp (warn {warn:g})"
-    kafka_rate, redis_rate = kafka.failure_rate(), redis.failure_rate()
-    if kafka_rate is None or redis_rate is None:
-        return Check(name, None, "-", threshold, "hold", "no finished task on a path to compare")
-    delta = 100.0 * (kafka_rate - redis_rate)
-    shown = f"{delta:+.2f} pp ({100 * kafka_rate:.2f} % vs {100 * redis_rate:.2f} %)"
-    if min(kafka["finished"], redis["finished"]) < gate.min_sample:
-        return Check(name, delta, shown, threshold, "hold", "too few finished tasks to compare")
-    told = f"kafka fails {delta:+.2f} pp more than redis"
-    if delta > limit:
-        return Check(name, delta, shown, threshold, "rollback", f"{told} (> {limit:g})")
-    if delta > warn:
-        return Check(name, delta, shown, threshold, "hold", f"{told} (> warn {warn:g})")
-    return Check(name, delta, shown, threshold, "ok")
-
-
-def _p99_check(gate: GateSettings, redis: PathEvidence, kafka: PathEvidence) -> Check:
-    name = "processing p99 ratio (kafka / redis)"
-    limit, warn = gate.max_p99_ratio, gate.warn_p99_ratio
-    threshold = f"≤ {limit:g} (warn {warn:g})"
-    kafka_p99, redis_p99 = (
-        kafka.quantile_ms("processing", 0.99),
-        redis.quantile_ms("processing", 0.99),
-    )
-    if kafka_p99 is None or redis_p99 is None or redis_p99 <= 0:
-        return Check(name, None, "-", threshold, "hold", "no processing time on a path to compare")
-    # Below the floor a difference is noise of the bucket bounds, not a regression: tasks of
-    # a few milliseconds on both paths compare as equal.
-    floor = gate.p99_floor_ms
-    ratio = max(kafka_p99, floor) / max(redis_p99, floor)
-    shown = f"{ratio:.2f} ({kafka_p99:g} / {redis_p99:g} ms)"
-    if min(kafka.samples("processing"), redis.samples("processing")) < gate.min_sample:
-        return Check(name, ratio, shown, threshold, "hold", "too few processing times to compare")
-    told = f"kafka processing p99 is {ratio:.2f}x redis's"
-    if ratio > limit:
-        return Check(name, ratio, shown, threshold, "rollback", f"{told} (> {limit:g})")
-    if ratio > warn:
-        return Check(name, ratio, shown, threshold, "hold", f"{told} (> warn {warn:g})")
-    return Check(name, ratio, shown, threshold, "ok")
+def _test_check(test: SequentialResult) -> Check:
+    name, told = TEST_NAMES[test.name]
+    shown = f"{test.e_value:.3g}"
+    threshold = f"≥ {test.threshold:.3g} (hold ≥ {test.hold_level:.3g})"
+    verdict = test.verdict
+    if verdict == "rollback":
+        reason = f"{told}: e-value {shown} ≥ {test.threshold:.3g}; {test.effect}"
+    elif verdict == "hold":
+        needed = (
+            f"; about {test.needed['kafka']} kafka and {test.needed['redis']} redis tasks more "
+            "would decide"
+            if test.needed
+            else ""
+        )
+        reason = (
+            f"{told}, not yet proven: e-value {shown} ≥ {test.hold_level:.3g} of "
+            f"{test.threshold:.3g}; {test.effect}{needed}"
+        )
+    else:
+        reason = ""
+    return Check(name, test.e_value, shown, threshold, verdict, reason, test.effect,
+                 test.needed, test)  # fmt: skip

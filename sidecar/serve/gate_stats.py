@@ -1,0 +1,239 @@
+"""The gate's sequential tests on served evidence: five questions, one share of ``GATE_ALPHA``
+each (Bonferroni), each answered with an e-value, an effect estimate and the tasks it needs.
+
+- ``failed``: Kafka's failures per finished task above Redis's;
+- ``retried``: tasks handed out again, per task started;
+- ``dead_lettered``: records sent to the dead-letter topic, per record consumed (started or
+  dead-lettered; Redis has none, so a few on Kafka are a regression of the Kafka path);
+- ``processing`` and ``queue_wait``: the whole latency distribution slower on Kafka.
+
+A test rolls back once its e-value reaches ``1 / alpha_i`` (``alpha_i = GATE_ALPHA / 5``): the
+five together roll a healthy shift back with probability at most ``GATE_ALPHA``, however long
+it runs and however often the gate is asked, provided its window starts at a fixed time (the
+rollout's start), not a sliding one. It holds from ``sqrt(1 / alpha_i)`` (halfway, on a log
+scale): the evidence leans towards a regression, so the share should not grow before it is
+settled. ``sidecar/serve/sequential.py`` has the mathematics.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+import numpy as np
+
+from ragflow_mq.evidence import Evidence, histograms
+from sidecar.serve import histograms as hist
+from sidecar.serve.sequential import (
+    COUNT_MIXTURE,
+    TILT_MIXTURE,
+    Array,
+    count_drift,
+    count_estimate,
+    count_log_ratios,
+    log_e_value,
+    shares,
+    tilt_drift,
+    tilt_estimate,
+    tilt_log_ratios,
+)
+
+COUNT_TESTS: Final = ("failed", "retried", "dead_lettered")
+LATENCY_TESTS: Final = ("processing", "queue_wait")
+TESTS: Final = (*COUNT_TESTS, *LATENCY_TESTS)
+# What a counted event happens to, per path: its exposure.
+EXPOSURES: Final = {
+    "failed": ("finished",),
+    "retried": ("started",),
+    "dead_lettered": ("started", "dead_lettered"),
+}
+EXPOSURE_NAMES: Final = {"failed": "finished", "retried": "started", "dead_lettered": "consumed"}
+# The share of tasks future tasks will have, for the tasks-needed estimate: the last minutes'.
+RECENT_MINUTES: Final = 10
+Verdict = Literal["ok", "hold", "rollback"]
+
+
+@dataclass(frozen=True)
+class SequentialResult:
+    """One test over the window: its e-value against ``1 / alpha``, and what it estimates."""
+
+    name: str  # one of TESTS
+    alpha: float  # its share of GATE_ALPHA
+    log_e: float  # ln of the e-value (the mixture likelihood ratio)
+    effect: str  # the effect estimate, for people
+    # More tasks per path that would take the e-value to 1 / alpha if the estimated effect is
+    # the true one; only on a hold that the evidence leans towards (None otherwise).
+    needed: dict[str, int] | None = None
+    details: dict[str, Any] = field(default_factory=dict)  # the estimate's numbers (--json)
+
+    @property
+    def e_value(self) -> float:
+        return math.exp(min(self.log_e, 700.0))
+
+    @property
+    def threshold(self) -> float:
+        return 1.0 / self.alpha
+
+    @property
+    def hold_level(self) -> float:
+        return math.sqrt(self.threshold)
+
+    @property
+    def verdict(self) -> Verdict:
+        if self.log_e >= math.log(self.threshold):
+            return "rollback"
+        return "hold" if self.log_e >= math.log(self.hold_level) else "ok"
+
+
+def run_tests(minutes: Sequence[Evidence], alpha: float, floor_ms: float) -> list[SequentialResult]:
+    """The five tests over the window's minute buckets (in time order)."""
+    each = alpha / len(TESTS)
+    return [
+        *(_count_test(name, minutes, each) for name in COUNT_TESTS),
+        *(_latency_test(name, minutes, each, floor_ms) for name in LATENCY_TESTS),
+    ]
+
+
+def _count_arrays(name: str, minutes: Sequence[Evidence]) -> tuple[Array, ...]:
+    """Per minute: Kafka's events, Redis's, Kafka's exposure, Redis's."""
+    rows = []
+    for minute in minutes:
+        row = []
+        for path in ("kafka", "redis"):
+            events = minute[path][name]
+            # A flush may split an event from its exposure across minutes: never fewer exposed.
+            exposure = max(sum(minute[path][e] for e in EXPOSURES[name]), events)
+            row += [events, exposure]
+        rows.append(row)
+    table = np.array(rows, dtype=float).reshape(-1, 4)
+    return table[:, 0], table[:, 2], table[:, 1], table[:, 3]
+
+
+def _count_test(name: str, minutes: Sequence[Evidence], alpha: float) -> SequentialResult:
+    x_kafka, x_redis, e_kafka, e_redis = _count_arrays(name, minutes)
+    share = shares(e_kafka, e_redis)
+    total = x_kafka + x_redis
+    log_e = float(log_e_value(count_log_ratios(x_kafka, total, share, COUNT_MIXTURE.nodes)
+                              .sum(axis=0), COUNT_MIXTURE)) if len(minutes) else 0.0  # fmt: skip
+    d = count_estimate(x_kafka, total, share) if total.sum() > 0 else None
+    k_events, r_events = int(x_kafka.sum()), int(x_redis.sum())
+    k_exposed, r_exposed = int(e_kafka.sum()), int(e_redis.sum())
+    k_rate = k_events / k_exposed if k_exposed else None
+    r_rate = r_events / r_exposed if r_exposed else None
+    details: dict[str, Any] = {
+        "kafka": k_events,
+        "redis": r_events,
+        f"kafka_{EXPOSURE_NAMES[name]}": k_exposed,
+        f"redis_{EXPOSURE_NAMES[name]}": r_exposed,
+        "kafka_percent": None if k_rate is None else 100 * k_rate,
+        "redis_percent": None if r_rate is None else 100 * r_rate,
+        "rate_ratio": None if d is None else math.exp(d),
+    }
+    result = SequentialResult(name, alpha, log_e, _count_effect(name, details), None, details)
+    if result.verdict != "hold" or d is None or d <= 0:
+        return result
+    recent = _recent_share(e_kafka, e_redis)
+    rate = float(total.sum() / (e_kafka.sum() + e_redis.sum()))
+    return _with_needed(result, count_drift(d, recent, rate), recent)
+
+
+def _count_effect(name: str, details: dict[str, Any]) -> str:
+    k, r = details["kafka_percent"], details["redis_percent"]
+    if k is None or r is None:
+        return f"{details['kafka']} on kafka, {details['redis']} on redis"
+    ratio = details["rate_ratio"]
+    shown = "-" if ratio is None else ">100" if ratio > 100 else f"{ratio:.2f}"
+    return (
+        f"kafka {k:.2f} % vs redis {r:.2f} % of {EXPOSURE_NAMES[name]} ({k - r:+.2f} pp), "
+        f"rate ratio {shown}"
+    )
+
+
+def _latency_groups(
+    name: str, minutes: Sequence[Evidence], floor_ms: float
+) -> list[tuple[Array, Array, Array]]:
+    """The minutes' histograms (Kafka's, Redis's) merged under the floor, in one group per
+    bucket layout, with that layout's scores."""
+    by_bounds: dict[tuple[float, ...], list[list[list[int]]]] = {}
+    for minute in minutes:
+        bounds, pair = histograms([minute["kafka"], minute["redis"]], name)
+        if sum(map(sum, pair)):
+            by_bounds.setdefault(bounds, []).append(pair)
+    groups = []
+    for bounds, pairs in by_bounds.items():
+        merged, counts = hist.merge_floor(bounds, np.array(pairs, dtype=float), floor_ms)
+        groups.append((counts[:, 0], counts[:, 1], hist.scores(merged)))
+    return groups
+
+
+def _latency_test(
+    name: str, minutes: Sequence[Evidence], alpha: float, floor_ms: float
+) -> SequentialResult:
+    groups = _latency_groups(name, minutes, floor_ms)
+    nodes = TILT_MIXTURE.nodes
+    total = sum(tilt_log_ratios(k, r, s, nodes).sum(axis=0) for k, r, s in groups)
+    log_e = float(log_e_value(np.asarray(total), TILT_MIXTURE)) if groups else 0.0
+    window = Evidence.from_minutes(minutes)
+    bounds, (kafka, redis) = histograms([window["kafka"], window["redis"]], name)
+    details = _latency_details(bounds, kafka, redis, floor_ms)
+    t = tilt_estimate(groups) if sum(kafka) and sum(redis) else None
+    details["tilt"] = t
+    result = SequentialResult(name, alpha, log_e, _latency_effect(details), None, details)
+    if result.verdict != "hold" or t is None or t <= 0:
+        return result
+    k_recent = np.concatenate([k.sum(axis=-1) for k, _, _ in groups])[-RECENT_MINUTES:]
+    r_recent = np.concatenate([r.sum(axis=-1) for _, r, _ in groups])[-RECENT_MINUTES:]
+    recent = _recent_share(k_recent, r_recent)
+    merged, pooled = hist.merge_floor(bounds, np.array(kafka) + np.array(redis), floor_ms)
+    return _with_needed(result, tilt_drift(t, recent, pooled, hist.scores(merged)), recent)
+
+
+def _latency_details(
+    bounds: tuple[float, ...], kafka: list[int], redis: list[int], floor_ms: float
+) -> dict[str, Any]:
+    details: dict[str, Any] = {"kafka_samples": sum(kafka), "redis_samples": sum(redis)}
+    for q in (0.5, 0.9):
+        k, r = hist.quantile(bounds, kafka, q), hist.quantile(bounds, redis, q)
+        label = f"p{round(q * 100)}"
+        details[f"kafka_{label}_ms"], details[f"redis_{label}_ms"] = k, r
+        # Under the floor, times compare as equal: the ratio of 5 ms to 2 ms is no slowdown.
+        ratio = None if k is None or r is None else max(k, floor_ms) / max(r, floor_ms)
+        details[f"{label}_ratio"] = ratio
+    _, pair = hist.merge_floor(bounds, np.array([kafka, redis], dtype=float), floor_ms)
+    details["kafka_slower_probability"] = hist.slower_probability(pair[0], pair[1])
+    return details
+
+
+def _latency_effect(details: dict[str, Any]) -> str:
+    if details["p50_ratio"] is None:
+        return f"{details['kafka_samples']} on kafka, {details['redis_samples']} on redis"
+    return (
+        f"p50 x{details['p50_ratio']:.2f} ({_ms(details['kafka_p50_ms'])} vs "
+        f"{_ms(details['redis_p50_ms'])}), p90 x{details['p90_ratio']:.2f}, "
+        f"P(kafka slower) {details['kafka_slower_probability']:.2f}"
+    )
+
+
+def _ms(ms: float) -> str:
+    return f"{ms / 1000:.3g} s" if ms >= 1000 else f"{ms:.3g} ms"
+
+
+def _recent_share(kafka: Array, redis: Array) -> float:
+    """The Kafka share over the last minutes that had any exposure."""
+    active = (kafka + redis) > 0
+    k, r = kafka[active][-RECENT_MINUTES:].sum(), redis[active][-RECENT_MINUTES:].sum()
+    return float(k / (k + r)) if k + r else 0.0
+
+
+def _with_needed(result: SequentialResult, drift: float, share: float) -> SequentialResult:
+    """``result`` with the tasks that would take its e-value to ``1 / alpha`` at ``drift``
+    (the log e-value gained per task, all paths) and the Kafka ``share`` of tasks."""
+    if drift <= 0 or not 0 < share < 1:
+        return result
+    tasks = (math.log(result.threshold) - result.log_e) / drift
+    needed = {"kafka": math.ceil(tasks * share), "redis": math.ceil(tasks * (1 - share))}
+    return SequentialResult(
+        result.name, result.alpha, result.log_e, result.effect, needed, result.details
+    )
