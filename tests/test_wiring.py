@@ -79,9 +79,10 @@ async def test_a_sidecar_that_fails_to_start_leaves_no_client_open(
 async def test_the_state_store_and_ragflows_valkey_each_get_their_users(
     settings: Settings,
 ) -> None:
-    """With SIDECAR_STATE_URL apart: the join, dedup and liveness keys go to the state store;
-    the cancel keys and the served share's evidence are read from RAGFlow's Valkey; and the
-    readiness probe asks both (a state store that does not answer makes /readyz say so)."""
+    """With SIDECAR_STATE_URL apart: the join, dedup and liveness keys go to the state store,
+    and the served share's evidence is read there (RAGFlow's processes write it beside their
+    claims); the cancel keys are read from RAGFlow's Valkey; and the readiness probe asks both
+    (a state store that does not answer makes /readyz say so)."""
     nowhere = free_port()
     apart = Settings.from_env(
         {
@@ -105,7 +106,7 @@ async def test_the_state_store_and_ragflows_valkey_each_get_their_users(
     assert sidecar.shadow is not None
     assert sidecar.shadow._client is state  # its cancel keys: test_state_store.py
     assert sidecar._control._client is ragflow  # the redis run's cancel keys
-    assert sidecar.served._given_client is ragflow
+    assert sidecar.served._given_client is state
     assert sidecar.observer is not None and where(sidecar.observer.client) == where(ragflow)
     valkeys = [part for part in sidecar._parts.parts if isinstance(part, ValkeyClient)]
     assert len(valkeys) == 4  # the state store's, RAGFlow's, the mirror's, the observer's
