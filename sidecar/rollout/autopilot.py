@@ -82,6 +82,7 @@ class Autopilot:
             self._client, settings.serve.key_prefix, settings.state.display_url
         )
         self.acting = False
+        self._standing_by = False
         self._next_look_ms = 0
 
     def _now_ms(self) -> int:
@@ -111,10 +112,13 @@ class Autopilot:
     async def turn(self) -> Decision | None:
         """One turn: the lease, then the orders, then the gate when it is due."""
         if not await self.store.hold_lease(self.owner, self._plan.lease_s):
-            if self.acting:
-                logger.warning("rollout: lost the lease to %s", await self.store.lease_holder())
+            if self.acting or not self._standing_by:
+                holder = await self.store.lease_holder()
+                logger.info("rollout: %s stands by while %s acts", self.owner, holder)
             self.acting = False
+            self._standing_by = True
             return None
+        self._standing_by = False
         now_ms = self._now_ms()
         state = await self.store.load() or RolloutState()
         if not self.acting:
