@@ -2,19 +2,17 @@
 handed out by RAGFlow's queue name.
 
 One group member per executor process reads every task topic, the priority parse topic first.
-It is not a static member (``group.instance.id``): aiokafka sends no LeaveGroup for one and
-cannot remove one by instance id, so each clean stop would leave its partitions unread for
-the session timeout (and ``drain-to-redis`` waiting); the claims below already keep a
-restart's rebalance from running anything twice. It fetches only as many records as RAGFlow's free
-slots can take (``SERVE_PREFETCH`` less the tasks in hand on either path) and keeps polling
-with its partitions paused while they are busy, so an hour-long task never makes the group
-think it is gone. Each served task is claimed by task id in the state store before it is
-handed out (``ragflow_mq.claims``): a record of a task another live executor holds is parked
-until that task is done or its holder is gone, so no rebalance, duplicate record or producer
-retry runs a task twice while its executor lives. ``take(queue)`` hands the next task to
-RAGFlow without waiting; its ``ack()`` marks it done, and finished offsets are committed every
-``SERVE_COMMIT_INTERVAL_MS``. Records without ``x-served`` are the mirror's copies: skipped.
-Only a record RAGFlow cannot take (no JSON object with an id) goes to the DLQ.
+It fetches only what RAGFlow's free slots can take (``SERVE_PREFETCH`` less the tasks in hand
+on either path) and keeps polling its paused partitions while they are busy, so an hour-long
+task never makes the group think it is gone. Each served task is claimed by task id in the
+state store before it is handed out (``ragflow_mq.claims``): a record of a task another live
+executor holds is parked until that task is done or its holder is gone, so no rebalance,
+duplicate record or producer retry runs a task twice while its executor lives. Not a static
+member: aiokafka sends no LeaveGroup for one, so a clean stop would leave its partitions
+unread for the session timeout, and the claims already make a restart's rebalance harmless.
+``take(queue)`` never waits; ``ack()`` marks the task done, and finished offsets are committed
+every ``SERVE_COMMIT_INTERVAL_MS``. The mirror's copies (no ``x-served``) are skipped; only a
+record RAGFlow cannot take (no JSON object with an id) goes to the DLQ.
 """
 
 from __future__ import annotations
