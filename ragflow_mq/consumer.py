@@ -308,9 +308,7 @@ class ServeConsumer:
 
     def finished(self, task: KafkaTask) -> None:
         """RAGFlow acked ``task`` (any thread)."""
-        # Still held here until its done marker is written: a duplicate record read
-        # meanwhile is parked, not run.
-        self._hand.acked(task)
+        self._hand.acked(task)  # held until marked done: a duplicate read meanwhile is parked
         self.wake()
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._done.put_nowait, task)
