@@ -25,6 +25,12 @@ Two kinds of minute ratio:
   tasks are a sample without replacement from the pooled ones, so the same bound holds. A
   lognormal slowed by a factor ``k`` is this tilt with ``t = ln k / sigma^2``.
 
+At 100 % (no Redis left) the Kafka path's minutes are tested against a fixed baseline instead
+(``sidecar/serve/baseline.py``): the same ratios with a fixed rate ``p`` in place of the
+minute's share, ``exp(d x) / (1 - p + p e^d)^n``, the binomial likelihood ratio (expectation 1
+at rate ``p``, less below it), and with fixed bucket probabilities in place of the minute's
+pooled histogram (expectation at most 1 while Kafka's times are no slower than those).
+
 The mixture over the effect is a discrete one, nodes evenly spaced in its logarithm with
 trapezoid weights that sum to 1 (a log-uniform prior over two and a half decades or more):
 a weighted average of supermartingales is one, so the grid's spacing changes the power only,
