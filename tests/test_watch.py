@@ -16,6 +16,7 @@ from ragflow_mq.share import ShareValues
 from sidecar.config import Settings
 from sidecar.config.rollout import RolloutSettings
 from sidecar.config.serve import GateSettings
+from sidecar.errors import ConfigError
 from sidecar.rollout import autopilot
 from sidecar.rollout.machine import RolloutState, decide
 from sidecar.serve import gate
@@ -230,3 +231,17 @@ def test_below_100_there_is_no_baseline() -> None:
                         started_ms=STARTED_MS)  # fmt: skip
     assert autopilot.watch_baseline(only) is None
     assert math.isclose(STATE.share, 100.0)
+
+
+def test_gate_baseline_ends_where_the_window_starts() -> None:
+    now = NOW_MS
+    since = gate.parse_window("2h", now)
+    assert gate.parse_baseline("6h", now, since) == (now - 6 * 3_600_000, since)
+    with pytest.raises(ConfigError, match="--baseline: '1h' does not start before --window"):
+        gate.parse_baseline("1h", now, since)
+    with pytest.raises(ConfigError, match="--baseline: '3d' is longer than the 48 h kept"):
+        gate.parse_baseline("3d", now, since)
+    # The watched minutes are those after the baseline's last one.
+    minutes = [Evidence.from_hashes([]) for _ in range(5)]
+    baseline = Baseline.of(0, 2 * MINUTE_MS + 5, minutes[:3])
+    assert len(baseline.after(minutes, 0)) == 2
