@@ -9,7 +9,8 @@ histograms ragflow_mq writes (the minute's counts, as the gate reads them). Afte
 the gate's tests (sidecar/serve/gate_stats.py's functions, on the window from the rollout's
 start) decide: roll back when a test's e-value reaches 1/alpha_i; at the end of each step's
 dwell, promote when each path has --min-sample finished tasks and no test is at its hold level.
-The 100 % step is not simulated: nothing is left on Redis to compare.
+The 100 % step is not simulated here: nothing is left on Redis to compare; its watch against a
+baseline is bench/watch_calibration.py's.
 
 Populations of processing time (queue wait: lognormal, median 3 s, sigma 1.5, on both paths):
 - lognormal: median 20 s, sigma 1, and 5 % of tasks with a tail of minutes (median 5 min);

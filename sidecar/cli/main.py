@@ -27,7 +27,7 @@ from sidecar.clock import now_ms
 from sidecar.config import Settings
 from sidecar.errors import SidecarError
 from sidecar.serve.drain import DEFAULT_TIMEOUT_S, drain_to_redis, render_drain, render_drain_json
-from sidecar.serve.gate import collect, parse_window
+from sidecar.serve.gate import collect, parse_baseline, parse_window
 from sidecar.serve.gate import render_json as render_gate_json
 from sidecar.serve.gate import render_table as render_gate_table
 from sidecar.serve.gate_checks import ROLLBACK
@@ -94,6 +94,11 @@ def _parser() -> argparse.ArgumentParser:
         help="canary analysis of the served share: exit 0 promote, 1 hold, 3 roll back",
     )
     gate.add_argument("--window", default="30m", help="30m, 2h, 1d, an ISO time or epoch ms")
+    gate.add_argument(
+        "--baseline",
+        help="the watch at 100 %%: the redis path from this time (as --window) until the "
+        "window's start; the window's kafka tasks are also tested against it",
+    )
     act = gate.add_mutually_exclusive_group()
     act.add_argument("--apply", action="store_true", help="on a roll-back, set the live share to 0")
     act.add_argument(
@@ -208,7 +213,9 @@ async def _gate(settings: Settings, args: argparse.Namespace) -> int:
         print(json.dumps({"action": done}) if args.json else done)
         return 0
     now = now_ms()
-    report = await collect(settings, parse_window(args.window, now), now)
+    since = parse_window(args.window, now)
+    baseline = None if args.baseline is None else parse_baseline(args.baseline, now, since)
+    report = await collect(settings, since, now, baseline)
     # Only a roll-back acts, and only downwards: promoting is the operator's (`shift --to`).
     if args.apply and report.decision == ROLLBACK:
         shift = await set_share(settings, 0.0, by="gate --apply", reason="; ".join(report.reasons))

@@ -40,10 +40,20 @@ def autopilot_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
+def watch_baseline(state: RolloutState) -> tuple[int, int] | None:
+    """At a share of 100 % (the plan's last step, ramping or watching) there is no Redis left
+    to compare with: the Redis path from the rollout's start until this step began is the
+    baseline the Kafka path is held to from then on (``sidecar/serve/baseline.py``)."""
+    if state.share < 100.0 or not state.started_ms or state.step_since_ms <= state.started_ms:
+        return None
+    return state.started_ms, state.step_since_ms
+
+
 async def look(settings: Settings, state: RolloutState, now_ms: int) -> GateView:
     """The gate over the whole rollout (its tests stay valid however often they are asked),
-    and the tasks each path finished in the current step."""
-    report = await collect(settings, state.started_ms or state.step_since_ms, now_ms)
+    at 100 % also against the baseline, and the tasks each path finished in the current step."""
+    since_ms = state.started_ms or state.step_since_ms
+    report = await collect(settings, since_ms, now_ms, watch_baseline(state))
     minutes, _ = await read_served(settings, state.step_since_ms / 1000, now_ms / 1000)
     step = Evidence.from_minutes(minutes)
     needed = "; ".join(

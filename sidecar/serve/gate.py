@@ -8,7 +8,10 @@ Two kinds of evidence over one window decide whether the share may go up:
   executed tasks from Redis and from Kafka, minute by minute: failed, retried and
   dead-lettered tasks, processing and queue-wait times, compared by sequential tests whose
   error rate (``GATE_ALPHA``) holds however often the gate is asked over a window that starts
-  at a fixed time (``sidecar/serve/gate_stats.py``).
+  at a fixed time (``sidecar/serve/gate_stats.py``);
+- with a baseline (the watch at 100 %, where no Redis is left to compare with): the Redis
+  path's served evidence over a window before, against which the Kafka minutes after it are
+  tested (``sidecar/serve/baseline.py``).
 
 The decision is an exit code: 0 promote, 1 hold (not enough evidence, or a warning level
 crossed), 3 roll back. ``--apply`` acts on a roll-back only, by setting the live share to 0
@@ -28,7 +31,9 @@ from ragflow_mq.evidence import Evidence, PathEvidence, window_keys
 from ragflow_mq.share import ShareValues, share_keys
 from sidecar.config import Settings
 from sidecar.errors import ConfigError
+from sidecar.serve.baseline import Baseline
 from sidecar.serve.gate_checks import (
+    BASELINE_NAMES,
     DECISIONS,
     FINAL_VERDICTS,
     HOLD,
@@ -38,12 +43,15 @@ from sidecar.serve.gate_checks import (
     Check,
     Judged,
     analyse,
+    split_alpha,
 )
 from sidecar.serve.gate_stats import TESTS
 from sidecar.transport.valkey_client import create_client, translate_valkey_errors
 from sidecar.verdicts.reader import VerdictReadStats, parse_since, read_verdicts
 
-TESTED_NAMES = frozenset(name for name, _ in TEST_NAMES.values())
+TESTED_NAMES = frozenset(
+    name for names in (TEST_NAMES, BASELINE_NAMES) for name, _ in names.values()
+)
 
 
 @dataclass
@@ -61,6 +69,12 @@ class GateReport:
     alpha: float  # GATE_ALPHA, split evenly over the sequential tests
     checks: list[Check]
     action: str | None = None  # what --apply did
+    baseline: Baseline | None = None  # the Redis path before the watch, when one is compared
+
+    @property
+    def per_test(self) -> float:
+        """Each test's share of ``GATE_ALPHA`` (a baseline test's is half margin, half test)."""
+        return split_alpha(self.alpha, self.baseline is not None) / len(TESTS)
 
     @property
     def decision(self) -> int:
@@ -93,7 +107,14 @@ class GateReport:
                 "active": self.served_active,
                 **{path: _path_dict(self.served[path]) for path in PATHS},
             },
-            "alpha": {"total": self.alpha, "per_test": self.alpha / len(TESTS)},
+            "baseline": None
+            if self.baseline is None
+            else {
+                "since_ms": self.baseline.since_ms,
+                "until_ms": self.baseline.until_ms,
+                "redis": _path_dict(self.baseline.redis),
+            },
+            "alpha": {"total": self.alpha, "per_test": self.per_test},
             "checks": [check.to_dict() for check in self.checks],
             "decision": {
                 "code": self.decision,
@@ -118,25 +139,44 @@ def _path_dict(path: PathEvidence) -> dict[str, Any]:
     }
 
 
-def parse_window(text: str, now_ms: int) -> int:
-    """``--window``: the start of the window (``30m``, ``2h``, an ISO time, epoch ms)."""
+def parse_window(text: str, now_ms: int, option: str = "--window") -> int:
+    """``--window`` (or ``--baseline``): the start of the window (``30m``, ``2h``, an ISO time,
+    epoch ms)."""
     try:
         since_ms = parse_since(text, now_ms)
     except ConfigError as exc:
-        raise ConfigError("--window", exc.problem) from None
+        raise ConfigError(option, exc.problem) from None
     if since_ms >= now_ms:
-        raise ConfigError("--window", f"{text!r} does not reach into the past")
+        raise ConfigError(option, f"{text!r} does not reach into the past")
     # Older minute buckets have expired: a longer window would claim evidence it lacks.
     if now_ms - since_ms > EVIDENCE_TTL_S * 1000:
-        raise ConfigError(
-            "--window", f"{text!r} is longer than the {EVIDENCE_TTL_S // 3600} h kept"
-        )
+        raise ConfigError(option, f"{text!r} is longer than the {EVIDENCE_TTL_S // 3600} h kept")
     return since_ms
 
 
-async def collect(settings: Settings, since_ms: int, until_ms: int) -> GateReport:
-    """Read both kinds of evidence over ``[since_ms, until_ms]`` and judge them."""
+def parse_baseline(text: str, now_ms: int, since_ms: int) -> tuple[int, int]:
+    """``--baseline``: from its start (as ``--window``, counted back from now) until the
+    window's start ``since_ms``, so that no task is judged against itself."""
+    start_ms = parse_window(text, now_ms, "--baseline")
+    if start_ms >= since_ms:
+        raise ConfigError("--baseline", f"{text!r} does not start before --window")
+    return start_ms, since_ms
+
+
+async def collect(
+    settings: Settings,
+    since_ms: int,
+    until_ms: int,
+    baseline: tuple[int, int] | None = None,
+) -> GateReport:
+    """Read both kinds of evidence over ``[since_ms, until_ms]`` and judge them; with
+    ``baseline`` (its since and until, ms), also the Kafka minutes after it against the Redis
+    path over it."""
     minutes, share = await read_served(settings, since_ms / 1000, until_ms / 1000)
+    before = None
+    if baseline is not None:
+        b_minutes, _ = await read_served(settings, baseline[0] / 1000, baseline[1] / 1000)
+        before = Baseline.of(*baseline, b_minutes)
     served = Evidence.from_minutes(minutes)
     judged = await read_judged(settings, since_ms)
     kafka = served["kafka"]
@@ -156,7 +196,16 @@ async def collect(settings: Settings, since_ms: int, until_ms: int) -> GateRepor
         served=served,
         served_active=served_active,
         alpha=settings.gate.alpha,
-        checks=analyse(settings.gate, judged, served, minutes, served_active=served_active),
+        checks=analyse(
+            settings.gate,
+            judged,
+            served,
+            minutes,
+            served_active=served_active,
+            baseline=before,
+            watched=before.after(minutes, since_ms) if before else (),
+        ),
+        baseline=before,
     )
 
 
@@ -230,17 +279,31 @@ def render_table(report: GateReport) -> str:
         *_served_table(report.served),
         "",
     ]
+    if report.baseline is not None:
+        b = report.baseline
+        lines[-1:-1] = [
+            "",
+            f"baseline (the redis path before the watch) {_time(b.since_ms)} → "
+            f"{_time(b.until_ms)}:",
+            *_served_table_rows([("redis baseline", b.redis)]),
+        ]
     # The sequential tests in a table of their own: they have an effect and tasks needed.
     tested = [check for check in report.checks if check.name in TESTED_NAMES]
     rows: list[tuple[str, ...]] = [("check", "value", "threshold", "verdict")]
     rows += [(c.name, c.shown, c.threshold, c.verdict) for c in report.checks if c not in tested]
     lines += _columns(rows)
     if tested:
-        per_test = report.alpha / len(TESTS)
+        per_test = report.per_test
+        split = (
+            f"{per_test:g} each: roll back at e-value ≥ 1/{per_test:g}"
+            if report.baseline is None
+            else f"half to the tests against redis, {per_test:g} each; half to those against "
+            f"the baseline, {per_test / 2:g} each for its margin and {per_test / 2:g} for the "
+            "test"
+        )
         lines += [
             "",
-            f"sequential tests, kafka worse than redis (GATE_ALPHA={report.alpha:g}, "
-            f"{per_test:g} each: roll back at e-value ≥ 1/{per_test:g}):",
+            f"sequential tests, kafka worse than redis (GATE_ALPHA={report.alpha:g}, {split}):",
         ]
         rows = [("test", "e-value", "threshold", "effect", "still needed", "verdict")]
         rows += [
@@ -257,10 +320,13 @@ def render_table(report: GateReport) -> str:
 
 
 def _served_table(served: Evidence) -> list[str]:
+    return _served_table_rows([(path, served[path]) for path in PATHS])
+
+
+def _served_table_rows(paths: Sequence[tuple[str, PathEvidence]]) -> list[str]:
     heading = ("path", *EVENTS, "failure", "processing p50/p99", "queue wait p50/p99")
     rows: list[tuple[str, ...]] = [heading]
-    for path in PATHS:
-        evidence = served[path]
+    for path, evidence in paths:
         rate = evidence.failure_rate()
         rows.append(
             (

@@ -4,8 +4,10 @@ evidence).
 
 Judged verdicts are checked against fixed levels: a mismatch is a wrong result, not noise.
 Served evidence goes through the sequential tests of ``gate_stats`` (Kafka's path worse than
-Redis's), once each path has finished ``GATE_MIN_SAMPLE`` tasks. Kept free of I/O so that every
-rule can be read, and tried, on its own.
+Redis's), once each path has finished ``GATE_MIN_SAMPLE`` tasks; with a baseline (the watch at
+100 %, ``sidecar/serve/baseline.py``) also through the same five questions of the Kafka minutes
+after it against the baseline, ``GATE_ALPHA`` then split in halves between the two kinds. Kept
+free of I/O so that every rule can be read, and tried, on its own.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any, Final, Literal
 from ragflow_mq.contract import PATHS
 from ragflow_mq.evidence import Evidence
 from sidecar.config.serve import GateSettings
+from sidecar.serve.baseline import Baseline, run_baseline_tests
 from sidecar.serve.gate_stats import TESTS, SequentialResult, run_tests
 
 PROMOTE: Final = 0
@@ -99,13 +102,25 @@ def analyse(
     minutes: Sequence[Evidence],
     *,
     served_active: bool,
+    baseline: Baseline | None = None,
+    watched: Sequence[Evidence] = (),
 ) -> list[Check]:
     """The checks, each ``ok``, ``hold``, ``rollback`` or ``n/a``; the worst one decides.
-    ``minutes`` are the window's minute buckets in time order, ``served`` their sum."""
+    ``minutes`` are the window's minute buckets in time order, ``served`` their sum; with a
+    ``baseline``, ``watched`` are the minutes after it, whose Kafka path is tested against it."""
     return [
         *_judged_checks(gate, judged),
-        *_served_checks(gate, served, minutes, served_active),
+        *_served_checks(gate, served, minutes, served_active, baseline),
+        *(_baseline_checks(gate, baseline, watched, served_active) if baseline else []),
     ]
+
+
+def split_alpha(alpha: float, baseline: bool) -> float:
+    """The share of ``GATE_ALPHA`` of each kind of test (the paths' minutes, the baseline):
+    all of it without a baseline, half with one. Raising the two-sample tests' threshold when a
+    baseline comes in only makes them harder to cross, so their guarantee for the whole
+    rollout stands."""
+    return alpha / 2 if baseline else alpha
 
 
 def _judged_checks(gate: GateSettings, judged: Judged) -> list[Check]:
@@ -178,10 +193,25 @@ TEST_NAMES: Final = {
     "processing": ("processing time", "kafka processes slower than redis"),
     "queue_wait": ("queue wait", "kafka's tasks wait longer than redis's"),
 }
+# The same against the baseline: how the Redis path ran before the share reached 100 %.
+BASELINE_NAMES: Final = {
+    "failed": ("failed per finished vs baseline", "kafka fails more than redis did before"),
+    "retried": ("retried per started vs baseline", "kafka retries more than redis did before"),
+    "dead_lettered": (
+        "dead_lettered per consumed vs baseline",
+        "kafka dead-letters more than redis did before",
+    ),
+    "processing": ("processing time vs baseline", "kafka processes slower than redis did before"),
+    "queue_wait": ("queue wait vs baseline", "kafka's tasks wait longer than redis's did before"),
+}
 
 
 def _served_checks(
-    gate: GateSettings, served: Evidence, minutes: Sequence[Evidence], active: bool
+    gate: GateSettings,
+    served: Evidence,
+    minutes: Sequence[Evidence],
+    active: bool,
+    baseline: Baseline | None = None,
 ) -> list[Check]:
     least = gate.min_sample
     if not active:
@@ -196,6 +226,9 @@ def _served_checks(
         n = served[path]["finished"]
         if n >= least:
             checks.append(Check(f"finished ({path})", n, str(n), f"≥ {least}", "ok"))
+        elif path == "redis" and baseline is not None:
+            # At 100 % the window has no Redis to speak of: the baseline's size is checked.
+            checks.append(Check(f"finished ({path})", n, str(n), "baseline instead", "n/a"))
         else:
             short = (
                 f"only {n} {path}-path tasks finished (GATE_MIN_SAMPLE={least}): "
@@ -205,12 +238,30 @@ def _served_checks(
             checks.append(
                 Check(f"finished ({path})", n, str(n), f"≥ {least}", "hold", short, "", needed)
             )
-    checks += [_test_check(test) for test in run_tests(minutes, gate.alpha, gate.latency_floor_ms)]
+    alpha = split_alpha(gate.alpha, baseline is not None)
+    checks += [_test_check(test) for test in run_tests(minutes, alpha, gate.latency_floor_ms)]
     return checks
 
 
+def _baseline_checks(
+    gate: GateSettings, baseline: Baseline, watched: Sequence[Evidence], active: bool
+) -> list[Check]:
+    """The baseline's size, then the five tests of the watched Kafka minutes against it."""
+    least, n = gate.min_sample, baseline.redis["finished"]
+    label = f"finished (redis baseline, {len(watched)} min watched)"
+    if not active:
+        return []
+    if n < least:
+        # A baseline this small would move its margin so far the tests could not see much.
+        short = f"only {n} redis tasks finished in the baseline (GATE_MIN_SAMPLE={least})"
+        return [Check(label, n, str(n), f"≥ {least}", "hold", short)]
+    alpha = split_alpha(gate.alpha, True)
+    tests = run_baseline_tests(baseline.redis, watched, alpha, gate.latency_floor_ms)
+    return [Check(label, n, str(n), f"≥ {least}", "ok"), *map(_test_check, tests)]
+
+
 def _test_check(test: SequentialResult) -> Check:
-    name, told = TEST_NAMES[test.name]
+    name, told = (BASELINE_NAMES if test.against == "baseline" else TEST_NAMES)[test.name]
     shown = f"{test.e_value:.3g}"
     threshold = f"≥ {test.threshold:.3g} (hold ≥ {test.hold_level:.3g})"
     verdict = test.verdict
@@ -218,8 +269,9 @@ def _test_check(test: SequentialResult) -> Check:
         reason = f"{told}: e-value {shown} ≥ {test.threshold:.3g}; {test.effect}"
     elif verdict == "hold":
         needed = (
-            f"; about {test.needed['kafka']} kafka and {test.needed['redis']} redis tasks more "
-            "would decide"
+            "; about "
+            + " and ".join(f"{n} {path}" for path, n in test.needed.items())
+            + " tasks more would decide"
             if test.needed
             else ""
         )

@@ -53,6 +53,7 @@ EXPOSURE_NAMES: Final = {"failed": "finished", "retried": "started", "dead_lette
 # The share of tasks future tasks will have, for the tasks-needed estimate: the last minutes'.
 RECENT_MINUTES: Final = 10
 Verdict = Literal["ok", "hold", "rollback"]
+Against = Literal["redis", "baseline"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,9 @@ class SequentialResult:
     # the true one; only on a hold that the evidence leans towards (None otherwise).
     needed: dict[str, int] | None = None
     details: dict[str, Any] = field(default_factory=dict)  # the estimate's numbers (--json)
+    # What Kafka is compared with: the Redis path of the same minutes, or the baseline (how
+    # the Redis path ran before the share reached 100 %, sidecar/serve/baseline.py).
+    against: Against = "redis"
 
     @property
     def e_value(self) -> float:

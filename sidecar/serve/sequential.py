@@ -25,6 +25,12 @@ Two kinds of minute ratio:
   tasks are a sample without replacement from the pooled ones, so the same bound holds. A
   lognormal slowed by a factor ``k`` is this tilt with ``t = ln k / sigma^2``.
 
+At 100 % (no Redis left) the Kafka path's minutes are tested against a fixed baseline instead
+(``sidecar/serve/baseline.py``): the same ratios with a fixed rate ``p`` in place of the
+minute's share, ``exp(d x) / (1 - p + p e^d)^n``, the binomial likelihood ratio (expectation 1
+at rate ``p``, less below it), and with fixed bucket probabilities in place of the minute's
+pooled histogram (expectation at most 1 while Kafka's times are no slower than those).
+
 The mixture over the effect is a discrete one, nodes evenly spaced in its logarithm with
 trapezoid weights that sum to 1 (a log-uniform prior over two and a half decades or more):
 a weighted average of supermartingales is one, so the grid's spacing changes the power only,
@@ -42,6 +48,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.optimize import minimize_scalar
 from scipy.special import logsumexp, rel_entr
+from scipy.stats import beta
 
 Array = NDArray[np.float64]
 
@@ -117,6 +124,44 @@ def tilt_log_ratios(kafka: Array, redis: Array, scores: Array, tilts: Array) -> 
     mgf = np.where(on_kafka, up, down)
     ratios = sign * t * sums - sample * np.log(np.where(mgf > 0, mgf, 1.0))
     return np.asarray(np.where(size[..., None] > 0, ratios, 0.0))
+
+
+def upper_rate(events: float, exposure: float, alpha: float) -> float:
+    """The one-sided Clopper-Pearson bound on a rate of which ``events`` of ``exposure`` were
+    seen: at or above the true rate with probability at least ``1 - alpha``. 1 without any
+    exposure (nothing is known), or when every exposed task had the event."""
+    if exposure <= 0 or events >= exposure:
+        return 1.0
+    return float(beta.ppf(1.0 - alpha, events + 1, exposure - events))
+
+
+def dominating(counts: Array, alpha: float) -> Array:
+    """Bucket probabilities (buckets on the last axis) that are slower than the distribution
+    behind the histogram ``counts`` with probability at least ``1 - alpha``: its empirical CDF
+    lowered everywhere by the one-sided Dvoretzky-Kiefer-Wolfowitz margin (Massart's constant)
+    ``sqrt(ln(1 / alpha) / 2n)``, the mass taken off moved to the open bucket. The inequality
+    holds for any distribution, a bucketed one too; without a sample all mass is open."""
+    counts = np.asarray(counts, dtype=float)
+    n = counts.sum()
+    if n <= 0:
+        return np.asarray(np.eye(counts.shape[-1])[-1])
+    margin = math.sqrt(math.log(1.0 / alpha) / (2.0 * n))
+    cdf = np.clip(np.cumsum(counts) / n - margin, 0.0, None)
+    cdf[-1] = 1.0
+    return np.asarray(np.diff(cdf, prepend=0.0))
+
+
+def baseline_tilt_log_ratios(kafka: Array, weights: Array, scores: Array, tilts: Array) -> Array:
+    """Per minute (the leading axes of ``kafka``'s histograms, buckets last) and tilt (a new
+    last axis): the log likelihood ratio of the Kafka path's bucket counts against the fixed
+    bucket probabilities ``weights`` tilted by ``t`` per unit of ``scores`` (ln ms). Its
+    expectation is at most 1 whenever Kafka's times are no slower than ``weights``' (for
+    ``t > 0``, ``exp(t s)`` grows with the bucket)."""
+    kafka = np.asarray(kafka, dtype=float)
+    s = scores - (scores.max() + scores.min()) / 2  # centred, as in tilt_log_ratios
+    t = tilts.reshape((1,) * (np.ndim(kafka) - 1) + (-1,))
+    log_mgf = np.log(weights @ np.exp(np.outer(s, tilts)))
+    return np.asarray(t * (kafka @ s)[..., None] - kafka.sum(axis=-1)[..., None] * log_mgf)
 
 
 def count_estimate(kafka: Array, total: Array, share: Array) -> float:
