@@ -5,8 +5,10 @@
 
 Every Prometheus query names only metrics from ``docs/metrics.md`` (``tests/test_dashboards.py``
 checks the names, ``tests/test_prometheus.py`` runs each query against a real Prometheus fed by
-a real sidecar). The dashboards are tables of panel specs: ``overview.py`` and ``drill_down.py``;
-the panel kinds are in ``panels.py``, the queries' helpers and data sources in ``queries.py``.
+a real sidecar). The dashboards are tables of panel specs: ``overview.py`` (its served-share and
+autopilot rows, and the autopilot's annotations, in ``served_share.py``) and ``drill_down.py``;
+the panel kinds are in ``panels.py`` (annotations in ``annotations.py``), the queries' helpers
+and data sources in ``queries.py``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """The shadow migration overview: share of traffic on Kafka, verdicts, latency of both paths,
-lag, dead letters, component health, the state store and the share RAGFlow executes from Kafka."""
+lag, dead letters, component health, the state store, and the share RAGFlow executes from Kafka
+with the autopilot that moves it (its rows and annotations: ``served_share.py``)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from dashboards.queries import (
     p50_p99,
     rate,
 )
+from dashboards.served_share import ROLLOUT, ROLLOUT_ANNOTATIONS, SERVED_SHARE
 
 _MIRRORED = "ragflow_sidecar_mirrored_total"
 _SKIPPED = "ragflow_sidecar_skipped_total"
@@ -315,61 +317,15 @@ STATE_STORE = Row(
     ],
 )
 
-# What RAGFlow itself executes from Kafka (MQ_BACKEND=split), beside Redis. The values are the
-# whole deployment's, read from Valkey by every sidecar instance alike: ``max``, not sum.
-_SERVED_TASKS = "ragflow_sidecar_served_tasks_total" + '{event=~"started|finished|failed"}'
-_SERVED_P99 = 'ragflow_sidecar_served_latency_ms{latency="processing", quantile="0.99"}'
-
-SERVED_SHARE = Row(
-    "Served share: RAGFlow executing from Kafka",
-    [
-        Graph(
-            "Served vs judged share",
-            "served: what RAGFlow executes from Kafka, the live share (live: `ragflow-sidecar "
-            "shift --to`, 0 after `gate --apply`) under the ceiling (KAFKA_SERVE_PERCENT); "
-            "beside the judged share (KAFKA_TRAFFIC_PERCENT).",
-            # served_effective: the old name of served, exported beside it for one release.
-            (
-                Query(
-                    'max by (share) (ragflow_sidecar_serve_percent{share!="served_effective"})',
-                    "{{share}}",
-                ),
-            ),
-            "percent",
-            width=6,
-            min=0,
-            max=100,
-        ),
-        Graph(
-            "Failure rate per path",
-            "Failed over finished served tasks per path, over the last 5 minutes (0 when "
-            "none finished). The gate rolls back when its sequential test proves kafka's "
-            "failures per finished task above redis's (GATE_ALPHA).",
-            (Query("max by (path) (ragflow_sidecar_served_failure_percent)", "{{path}}"),),
-            "percent",
-            width=6,
-            min=0,
-        ),
-        Graph(
-            "Processing p99 per path",
-            "p99 of served tasks' processing time per path over the last 5 minutes, as "
-            "coarse as ragflow_mq's buckets (0 without a sample). The gate compares the "
-            "whole distribution, and rolls back when it proves kafka's slower (GATE_ALPHA).",
-            (Query(f"max by (path) ({_SERVED_P99})", "{{path}}"),),
-            "ms",
-            width=6,
-        ),
-        Graph(
-            "Served tasks per path",
-            "Tasks RAGFlow started, finished and failed per second, per path.",
-            (Query(f"max by (path, event) ({rate(_SERVED_TASKS)})", "{{path}}: {{event}}"),),
-            "ops",
-            width=6,
-        ),
-    ],
+ROWS = (
+    MIGRATION_STATE,
+    VERDICT_ROW,
+    LATENCY,
+    LAG_AND_THROUGHPUT,
+    STATE_STORE,
+    ROLLOUT,
+    SERVED_SHARE,
 )
-
-ROWS = (MIGRATION_STATE, VERDICT_ROW, LATENCY, LAG_AND_THROUGHPUT, STATE_STORE, SERVED_SHARE)
 
 
 def overview() -> builders.Dashboard:
@@ -379,7 +335,8 @@ def overview() -> builders.Dashboard:
             "RAGFlow Kafka sidecar: shadow migration overview",
             OVERVIEW_UID,
             "Redis Streams to Kafka shadow migration: share of traffic on Kafka, verdicts, "
-            "latency of both paths, lag, dead letters and component health.",
+            "latency of both paths, lag, dead letters, component health, and the served share "
+            "with its autopilot (whose decisions are marked on the graphs).",
             since="now-1h",
             refresh="30s",
         )
@@ -392,4 +349,6 @@ def overview() -> builders.Dashboard:
             )
         )
     )
+    for annotation in ROLLOUT_ANNOTATIONS:
+        dash = dash.annotation(annotation)
     return with_rows(dash, ROWS)

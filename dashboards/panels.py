@@ -203,6 +203,10 @@ class Stat:
     links: tuple[DataLink, ...] = ()
     # (value, text, colour) of each value shown as text.
     mappings: tuple[tuple[str, str, str], ...] = ()
+    # What each value shows: its number (None: Grafana's choice), or the name of its series.
+    text_mode: common.BigValueTextMode | None = None
+    # (series name, colour): a fixed colour for a series, over the thresholds.
+    colors: tuple[tuple[str, str], ...] = ()
 
     def build(self, panel_id: int) -> stat.Panel:
         panel = (
@@ -230,6 +234,11 @@ class Stat:
                 for index, (value, shown, color) in enumerate(self.mappings)
             }
             panel = panel.mappings([model.ValueMap(options=options)])
+        if self.text_mode is not None:
+            panel = panel.text_mode(self.text_mode)
+        for name, color in self.colors:
+            fixed = {"mode": "fixed", "fixedColor": color}
+            panel = panel.override_by_name(name, [model.DynamicConfigValue("color", fixed)])
         return panel
 
 

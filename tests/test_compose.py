@@ -45,7 +45,11 @@ RAGFLOW_STANDIN = REPO / "tests" / "fixtures" / "ragflow-docker"
 DASHBOARDS = REPO / "dashboards"
 EXPECTED_DASHBOARDS = ("shadow-migration-overview.json", "diff-drill-down.json")
 
-SERVICES = ("kafka", "kafka-init", "sidecar", "otel-collector", "prometheus", "tempo", "grafana")
+SERVICES = (
+    "kafka", "kafka-init", "sidecar", "rollout", "otel-collector", "prometheus", "tempo", "grafana",
+)  # fmt: skip
+# The services that run the sidecar's image with its settings.
+SIDECAR_IMAGE_SERVICES = ("sidecar", "kafka-init", "rollout")
 # The seed design's section 6.2, which .env.example carries over.
 SEED_VARIABLES = frozenset({
     "MQ_BACKEND", "KAFKA_BOOTSTRAP_SERVERS", "KAFKA_EXT_PORT", "KAFKA_EXT_HOST",
@@ -218,11 +222,11 @@ def test_images_are_pinned(resolved: dict[str, Any]) -> None:
 
 
 def test_sidecar_image_is_built_from_the_repository(resolved: dict[str, Any]) -> None:
-    for name in ("sidecar", "kafka-init"):
+    for name in SIDECAR_IMAGE_SERVICES:
         build = _service(resolved, name)["build"]
         assert Path(build["context"]) == REPO
         assert (REPO / build["dockerfile"]) == DOCKERFILE and DOCKERFILE.is_file()
-    assert _service(resolved, "sidecar")["image"] == _service(resolved, "kafka-init")["image"]
+        assert _service(resolved, name)["image"] == _service(resolved, "sidecar")["image"]
 
 
 def test_kafka_is_one_kraft_node_with_a_volume_and_a_healthcheck(resolved: dict[str, Any]) -> None:
@@ -252,6 +256,30 @@ def test_sidecar_starts_after_the_topics_exist(resolved: dict[str, Any]) -> None
     assert sidecar["restart"] == "unless-stopped"
 
 
+def test_the_autopilot_runs_beside_the_sidecar_with_its_settings(
+    resolved: dict[str, Any],
+) -> None:
+    """`rollout run`, restarted unless stopped (a second replica stands by on the lease), once
+    the topics exist, and only when asked for (profile rollout); the sidecar's environment, so
+    it reads the same state store, ceiling and gate; no port, so the image's /readyz
+    healthcheck is off."""
+    rollout = _service(resolved, "rollout")
+    assert rollout["profiles"] == ["rollout"]
+    assert rollout["command"] == ["rollout", "run"]
+    assert rollout["restart"] == "unless-stopped"
+    assert rollout["depends_on"]["kafka-init"]["condition"] == "service_completed_successfully"
+    assert rollout["healthcheck"]["test"] == ["NONE"]  # how docker-compose writes `disable`
+    assert rollout["environment"] == _service(resolved, "sidecar")["environment"]
+    assert sorted(rollout["networks"]) == ["ragflow", "sidecar"]
+    assert _seconds(rollout["stop_grace_period"]) >= float(
+        rollout["environment"]["SHUTDOWN_GRACE_S"]
+    )
+    settings = Settings.from_env(environ=rollout["environment"])
+    assert settings.rollout.steps == (1.0, 5.0, 25.0, 50.0, 100.0)
+    assert (settings.rollout.dwell_s, settings.rollout.min_tasks) == (600.0, 200)
+    assert (settings.rollout.on_rollback, settings.rollout.lease_s) == ("zero", 30.0)
+
+
 def test_sidecar_healthcheck_asks_readyz(resolved: dict[str, Any]) -> None:
     test = _service(resolved, "sidecar")["healthcheck"]["test"]
     assert test[0] == "CMD"
@@ -271,7 +299,7 @@ def test_ragflow_network_is_external_and_configurable(raw: dict[str, Any]) -> No
     network = raw["networks"]["ragflow"]
     assert network["external"] is True
     assert network["name"] == "${RAGFLOW_NETWORK:-docker_ragflow}"
-    for name in ("sidecar", "kafka"):
+    for name in ("sidecar", "kafka", "rollout"):
         assert "ragflow" in raw["services"][name]["networks"]
     result = _compose_config(RAGFLOW_NETWORK="ragflow_prod_ragflow")
     assert result.returncode == 0, result.stderr
@@ -304,7 +332,7 @@ def test_sidecar_gets_every_variable_as_written_in_the_env_example(
     resolved: dict[str, Any],
 ) -> None:
     example = _env_example()
-    for name in ("sidecar", "kafka-init"):
+    for name in SIDECAR_IMAGE_SERVICES:
         environment = _service(resolved, name)["environment"]
         missing = _sidecar_variables() - set(environment)
         assert not missing, f"{name} is not given {sorted(missing)}"

@@ -51,6 +51,15 @@ REQUIRED_PANELS = {
         "Failure rate per path",
         "Processing p99 per path",
         "Served tasks per path",
+        "Rollout phase",
+        "Rollout step",
+        "Autopilot's share",
+        "Dwell left",
+        "Tasks still needed",
+        "Last decision",
+        "Autopilot's share vs served",
+        "Tasks in this step",
+        "Decisions by action",
     },
     DRILL_DOWN: {
         "Mismatches",
@@ -108,8 +117,14 @@ def panels(dashboard: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from panel.get("panels", [])
 
 
+def annotations(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
+    listed: list[dict[str, Any]] = dashboard.get("annotations", {}).get("list", [])
+    return listed
+
+
 def prometheus_targets() -> list[Target]:
-    """Every Prometheus query of every panel of both dashboards."""
+    """Every Prometheus query of every panel of both dashboards, and of their annotations
+    (panel: the annotation's name, type ``annotation``)."""
     found = []
     for name in DASHBOARD_FILES:
         for panel in panels(load(name)):
@@ -119,6 +134,11 @@ def prometheus_targets() -> list[Target]:
                     found.append(
                         Target(name, panel["title"], panel["type"], target["refId"], target["expr"])
                     )
+        for annotation in annotations(load(name)):
+            if annotation["datasource"]["type"] == "prometheus":
+                found.append(
+                    Target(name, annotation["name"], "annotation", "-", annotation["expr"])
+                )
     return found
 
 
@@ -296,3 +316,23 @@ def test_mismatches_link_to_their_traces() -> None:
     by_type = [p for p in panels(overview) if p["title"] == "Mismatches by task type"]
     data_links = by_type[0]["fieldConfig"]["defaults"]["links"]
     assert "var-task_type=" in data_links[0]["url"]
+
+
+def test_the_autopilots_decisions_are_annotations_on_the_overview() -> None:
+    """Each decision but a hold marks the overview's graphs, titled with its action; roll-backs
+    apart, in red. Prometheus's own fields are where Grafana's Prometheus data source reads
+    them (``test_prometheus.py`` runs the queries)."""
+    listed = {a["name"]: a for a in annotations(load(OVERVIEW))}
+    assert set(listed) == {"Autopilot roll-backs", "Autopilot decisions"}
+    for annotation in listed.values():
+        assert annotation["datasource"] == {"type": "prometheus", "uid": "prometheus"}
+        assert annotation["enable"] is True
+        assert "changes(ragflow_sidecar_rollout_decisions_total{" in annotation["expr"]
+        assert annotation["expr"].endswith("> 0")
+        assert annotation["titleFormat"] == "rollout {{action}}"
+        assert annotation["tagKeys"] == "action"
+        assert annotation["step"] == "60s" and annotation["useValueForTime"] is False
+    assert 'action="rollback"' in listed["Autopilot roll-backs"]["expr"]
+    assert listed["Autopilot roll-backs"]["iconColor"] == "red"
+    assert 'action!~"hold|rollback"' in listed["Autopilot decisions"]["expr"]
+    assert not annotations(load(DRILL_DOWN))

@@ -32,6 +32,8 @@ from sidecar.config.routing import RouteTable
 from sidecar.config.traffic import in_traffic_share
 from sidecar.dev.faults import Fault, FaultInjector
 from sidecar.dev.local_stack import LocalValkey
+from sidecar.rollout.machine import GateView, RolloutState, decide
+from sidecar.rollout.store import RolloutStore
 from sidecar.transport import KafkaProducer
 from sidecar.transport.message import QueueMessage, encode_task
 from sidecar.transport.topics import PARSE_TOPIC, init_topics
@@ -191,6 +193,32 @@ def running_prometheus(tmp_path: Path, scrape_port: int) -> Iterator[tuple[str, 
             process.wait(timeout=5)
 
 
+ROLLED_BACK = f'max(ragflow_sidecar_rollout_decisions_total{{job="{JOB}", action="rollback"}})'
+
+
+async def autopilot_decides(settings: Settings, state: RolloutState | None) -> RolloutState:
+    """What an autopilot records in the state store: its start (``state`` None), else a
+    promotion to the next step and then a roll-back, so the rollout's panels have a phase and
+    a step, and each annotation a change of the decisions' counter."""
+    client = avalkey.Valkey(**settings.state.client_kwargs())
+    store = RolloutStore(client, settings.serve.key_prefix, settings.state.display_url)
+    plan, now_ms = settings.rollout, int(time.time() * 1000)
+    try:
+        if state is None:
+            state, decision = decide(plan, RolloutState(), None, now_ms)
+            await store.record(state, decision)
+            return state
+        promote = GateView("promote", kafka_tasks=plan.min_tasks, redis_tasks=plan.min_tasks)
+        state, decision = decide(plan, state, promote, now_ms + int(plan.dwell_s * 1000))
+        await store.record(state, decision)
+        rollback = GateView("rollback", ("kafka fails more",), plan.min_tasks, plan.min_tasks)
+        state, decision = decide(plan, state, rollback, now_ms + int(plan.dwell_s * 1000) + 1)
+        await store.record(state, decision)
+        return state
+    finally:
+        await client.aclose()
+
+
 def in_share(task: dict[str, Any], priority: int) -> bool:
     return in_traffic_share(RouteTable().route(task, priority).key, PERCENT)
 
@@ -291,6 +319,7 @@ async def test_every_dashboard_query_returns_data(
         SIDECAR_STATE_URL=f"redis://127.0.0.1:{state_valkey.port}/0",
     )
     rows: list[tuple[Target, int, int, float]] = []
+    started = await autopilot_decides(config, None)
     with running_prometheus(tmp_path, metrics_port) as (base, log_path):
         prometheus = Prometheus(base)
         async with running_sidecar(config, transform=FaultInjector(choose)) as sidecar:
@@ -324,6 +353,15 @@ async def test_every_dashboard_query_returns_data(
                 "missing_primary",
             }, grown
             assert by_kind["missing_primary"] == by_kind["missing_in_redis"], grown
+            # The autopilot's promotion and roll-back, late enough that the annotations' window
+            # ($__rate_interval: 1m) still holds them when the queries run; the sidecar reads
+            # the record every 10 s.
+            assert await prometheus.value(ROLLED_BACK) == 0
+            await autopilot_decides(config, started)
+            await prometheus.wait_for("the roll-back scraped", ROLLED_BACK, 1, timeout_s=40)
+            done = await prometheus.value(scrapes)
+            assert done is not None
+            await prometheus.wait_for("two scrapes after it", scrapes, done + 2)
 
             names = {name for target in targets for name in metric_names(target.expr)}
             for name in sorted(names):

@@ -34,6 +34,7 @@ from sidecar.errors import SidecarError
 from sidecar.lifecycle import Lifecycle
 from sidecar.mirror.mirror import RecordTransform
 from sidecar.observer import WorkerDelivery, WorkerObserver
+from sidecar.rollout.rollout_metrics import RolloutPoller, register_rollout_metrics
 from sidecar.serve.served_metrics import ServedEvidencePoller, register_served_metrics
 from sidecar.shadow.handlers import NamedHandler, load_handler
 from sidecar.shadow.replay import RedisRunRecorder
@@ -121,6 +122,8 @@ class Sidecar(Lifecycle):
         # Reads what RAGFlow's processes record about the served share (in the state store,
         # as their claims), for /metrics only.
         self.served = ServedEvidencePoller(settings, client=self.state_client)
+        # Reads the autopilot's record (`rollout run` has no port of its own), for /metrics.
+        self.rollout = RolloutPoller(settings, client=self.state_client)
         # Reads the state store's memory and evictions, for /metrics only.
         self.state_memory = StateMemoryPoller(
             self.state_client, settings.state.display_url, interval_s=settings.metrics.state_poll_s
@@ -136,6 +139,7 @@ class Sidecar(Lifecycle):
                 self.shadow,
                 self.observer,
                 self.served,
+                self.rollout,
                 self.state_memory,
             )
         )
@@ -160,6 +164,7 @@ class Sidecar(Lifecycle):
             shadow=self.shadow,
         )
         register_served_metrics(self.metrics, self.served, settings)
+        register_rollout_metrics(self.metrics, self.rollout, settings)
         register_state_memory_metrics(self.metrics, self.state_memory)
 
     async def _start(self) -> None:

@@ -99,6 +99,28 @@ class Decision:
         )
 
 
+@dataclass(frozen=True)
+class EvidenceNeeded:
+    """What a step still lacks before the gate's word can promote it: dwell and tasks."""
+
+    dwell_s: float  # 0 once the step's dwell is over
+    tasks: dict[str, int]  # path -> finished tasks still needed in this step (0: enough)
+
+
+def evidence_needed(
+    plan: RolloutSettings, state: RolloutState, kafka_tasks: int, redis_tasks: int, now_ms: int
+) -> EvidenceNeeded:
+    """The dwell left and the tasks each path still needs in the current step. At 100 % no
+    Redis task is needed: nothing is left on Redis to finish any. One rule for the autopilot
+    and for ``/metrics``, so the dashboard shows what the autopilot waits for."""
+    left_s = plan.dwell_s - (now_ms - state.step_since_ms) / 1000
+    redis_needed = 0 if state.share >= 100.0 else max(plan.min_tasks - redis_tasks, 0)
+    return EvidenceNeeded(
+        dwell_s=max(left_s, 0.0),
+        tasks={"kafka": max(plan.min_tasks - kafka_tasks, 0), "redis": redis_needed},
+    )
+
+
 def decide(
     plan: RolloutSettings, state: RolloutState, gate: GateView | None, now_ms: int
 ) -> tuple[RolloutState, Decision]:
@@ -127,21 +149,18 @@ def decide(
     if state.phase == "watching":
         why = "; ".join(gate.reasons) if gate.reasons else "the gate finds no regression"
         return _hold(state, now_ms, f"watching at {state.share:g} %: {why}", evidence)
-    left_s = plan.dwell_s - (now_ms - state.step_since_ms) / 1000
-    if left_s > 0:
-        return _hold(state, now_ms, f"dwell: {left_s:.0f} s left at {state.share:g} %", evidence)
-    short = [
-        f"{path} {plan.min_tasks - n} more"
-        for path, n in (("kafka", gate.kafka_tasks), ("redis", gate.redis_tasks))
-        if n < plan.min_tasks and not (path == "redis" and state.share >= 100.0)
-    ]
+    needed = evidence_needed(plan, state, gate.kafka_tasks, gate.redis_tasks, now_ms)
+    if needed.dwell_s > 0:
+        reason = f"dwell: {needed.dwell_s:.0f} s left at {state.share:g} %"
+        return _hold(state, now_ms, reason, evidence)
+    short = [f"{path} {n} more" for path, n in needed.tasks.items() if n > 0]
     if short:
         reason = f"evidence at {state.share:g} %: tasks needed, " + ", ".join(short)
         return _hold(state, now_ms, reason, evidence)
     if gate.decision == "hold":
         reasons = "; ".join(gate.reasons) or "no reason given"
-        needed = f" (needs {gate.needed})" if gate.needed else ""
-        return _hold(state, now_ms, f"the gate holds: {reasons}{needed}", evidence)
+        estimate = f" (needs {gate.needed})" if gate.needed else ""
+        return _hold(state, now_ms, f"the gate holds: {reasons}{estimate}", evidence)
     last = state.step + 1 >= len(plan.steps)
     if last:
         new = dataclasses.replace(state, phase="watching", updated_ms=now_ms)

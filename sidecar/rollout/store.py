@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import valkey.asyncio as avalkey
@@ -34,6 +35,15 @@ _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+
+
+@dataclass(frozen=True)
+class RolloutRecord:
+    """The record as one read finds it; the empty record before any rollout started."""
+
+    state: RolloutState | None = None
+    counts: dict[str, int] = field(default_factory=dict)  # action -> decisions
+    last: Decision | None = None  # the newest decision
 
 
 class RolloutKeys:
@@ -83,6 +93,30 @@ class RolloutStore:
         with translate_valkey_errors("read the rollout's counts", self._where):
             raw = await self._client.hgetall(self.keys.counts)  # type: ignore[misc]
         return {_text(k): int(v) for k, v in raw.items()}
+
+    async def snapshot(self) -> RolloutRecord:
+        """The state, the counts and the newest decision in one round trip (``/metrics``).
+        A record that does not parse raises ``ValueError``, as a read that failed."""
+        with translate_valkey_errors("read the rollout's record", self._where):
+            async with self._client.pipeline(transaction=False) as pipe:
+                pipe.get(self.keys.state)
+                pipe.hgetall(self.keys.counts)
+                pipe.xrevrange(self.keys.log, count=1)
+                raw, counts, newest = await pipe.execute()
+        try:
+            return RolloutRecord(
+                state=RolloutState.from_json(raw) if raw else None,
+                counts={_text(k): int(v) for k, v in counts.items()},
+                last=next(
+                    (
+                        Decision.from_fields({_text(k): _text(v) for k, v in fields.items()})
+                        for _, fields in newest
+                    ),
+                    None,
+                ),
+            )
+        except (TypeError, KeyError) as exc:  # JSON of another shape, a log entry without a field
+            raise ValueError(f"the rollout's record does not parse: {exc!r}") from exc
 
     async def order(self, command: Command) -> None:
         """Queue an operator's order for the autopilot."""

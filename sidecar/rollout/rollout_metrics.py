@@ -1,0 +1,162 @@
+"""The autopilot on ``/metrics``: its record in the state store, read back by the sidecar.
+
+The autopilot (``ragflow-sidecar rollout run``) is a process of its own without an HTTP port,
+and every sidecar process already reads the state store; so ``run`` and ``shadow`` export the
+rollout: the state (phase, step, share), the decisions by action, the time of the newest one,
+and what the current step still needs before it can be promoted. A poller of its own reads the
+record every ``POLL_INTERVAL_S`` in one round trip (:meth:`RolloutStore.snapshot`), off the
+scrape path; a failed read keeps the last values (and says so once per outage).
+
+The values are the deployment's, not this process's: every sidecar instance on the same state
+store reports the same, so dashboards take ``max``, never ``sum``, across instances.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from typing import Final
+
+import valkey.asyncio as avalkey
+
+from sidecar.config import Settings
+from sidecar.errors import SidecarError
+from sidecar.lifecycle import Poller
+from sidecar.rollout.machine import ACTIONS, PHASES, evidence_needed
+from sidecar.rollout.store import RolloutRecord, RolloutStore
+from sidecar.telemetry.metrics import SidecarMetrics
+
+logger = logging.getLogger(__name__)
+
+# As the served evidence's poller: a decision shows within this plus a scrape interval.
+POLL_INTERVAL_S: Final = 10.0
+# The paths a step's evidence counts, the ``path`` label's values.
+PATHS: Final = ("kafka", "redis")
+
+Sample = tuple[dict[str, str], float]
+
+
+class RolloutPoller(Poller):
+    """Reads the autopilot's record from the state store every ``interval_s``."""
+
+    def __init__(
+        self, settings: Settings, *, client: avalkey.Valkey, interval_s: float = POLL_INTERVAL_S
+    ) -> None:
+        """``client`` is the caller's (the composition root's state store client): used
+        between start and stop, never closed here."""
+        super().__init__(interval_s, "rollout-poller")
+        self._store = RolloutStore(client, settings.serve.key_prefix, settings.state.display_url)
+        self.values = RolloutRecord()
+        self._failing = False
+
+    async def poll(self) -> bool:
+        """One read of the record; ``False`` if it failed (the values stay as they were)."""
+        try:
+            record = await self._store.snapshot()
+        except (SidecarError, ValueError) as exc:
+            # Once per outage, not every 10 s; the gauges keep the last values meanwhile.
+            if not self._failing:
+                logger.warning("rollout metrics keep their last values: %s", exc)
+            self._failing = True
+            return False
+        if self._failing:
+            logger.info("rollout metrics read from the state store again")
+        self._failing = False
+        self.values = record
+        return True
+
+
+def register_rollout_metrics(
+    metrics: SidecarMetrics, poller: RolloutPoller, settings: Settings
+) -> None:
+    """The rollout's instruments, read from ``poller.values`` at collection time. Every phase,
+    action and path is exported from the start (at 0 before the autopilot's first decision):
+    a series that appears later loses its first increase, and annotations on a change of
+    ``decisions_total`` need the 0 before it."""
+    plan = settings.rollout
+
+    def share() -> list[Sample]:
+        state = poller.values.state
+        return [({}, state.share if state is not None else 0.0)]
+
+    def step() -> list[Sample]:
+        state = poller.values.state  # its step counts from 0, and is -1 before the first
+        return [({}, float(state.step + 1) if state is not None else 0.0)]
+
+    def phases() -> list[Sample]:
+        state = poller.values.state
+        current = state.phase if state is not None else None
+        return [({"phase": phase}, 1.0 if phase == current else 0.0) for phase in PHASES]
+
+    def decisions() -> list[Sample]:
+        # Every action at 0 first; an action of a later build in the same hash is shown too.
+        counts: dict[str, int] = {**dict.fromkeys(ACTIONS, 0), **poller.values.counts}
+        return [({"action": action}, float(n)) for action, n in counts.items()]
+
+    def last_decision() -> list[Sample]:
+        last = poller.values.last
+        return [({}, last.at_ms / 1000 if last is not None else 0.0)]
+
+    def step_tasks() -> dict[str, int]:
+        # The step's own tasks as the newest decision's gate look counted them; a decision
+        # without a look (a start, a promotion to the next step, an order) has none: 0.
+        last = poller.values.last
+        evidence = last.evidence if last is not None else {}
+        return {path: int(evidence.get(f"{path}_tasks", 0)) for path in PATHS}
+
+    def needed() -> tuple[float, dict[str, int]]:
+        state = poller.values.state
+        if state is None or state.phase != "ramping":
+            # Nothing to wait for: not started, watching the last step, or standing still.
+            return 0.0, dict.fromkeys(PATHS, 0)
+        tasks = step_tasks()
+        now_ms = int(time.time() * 1000)
+        lacking = evidence_needed(plan, state, tasks["kafka"], tasks["redis"], now_ms)
+        return lacking.dwell_s, lacking.tasks
+
+    def per_path(values: dict[str, int]) -> Iterable[Sample]:
+        return [({"path": path}, float(values.get(path, 0))) for path in PATHS]
+
+    metrics.observe_gauge(
+        "rollout_share",
+        "the served share the autopilot's record stands for, in per cent (0 before it started)",
+        share,
+    )
+    metrics.observe_gauge(
+        "rollout_step",
+        "the step of ROLLOUT_STEPS the rollout is at, from 1 (0 before the autopilot "
+        "started); after a roll-back or an abort, the step it left",
+        step,
+    )
+    metrics.observe_gauge(
+        "rollout_phase",
+        "1 for the autopilot's current phase, 0 for the others (all 0 before it started)",
+        phases,
+    )
+    metrics.observe_counter(
+        "rollout_decisions", "the autopilot's decisions by action (rollout:counts)", decisions
+    )
+    metrics.observe_gauge(
+        "rollout_last_decision_timestamp_seconds",
+        "Unix time of the autopilot's newest decision (one every ROLLOUT_INTERVAL_S while it "
+        "acts; 0: none)",
+        last_decision,
+    )
+    metrics.observe_gauge(
+        "rollout_step_tasks",
+        "tasks each path finished in the current step, as the newest decision counted them",
+        lambda: per_path(step_tasks()),
+    )
+    metrics.observe_gauge(
+        "rollout_dwell_left_seconds",
+        "dwell (ROLLOUT_DWELL_S) the current step still needs before a promotion (0: none, "
+        "or not ramping)",
+        lambda: [({}, needed()[0])],
+    )
+    metrics.observe_gauge(
+        "rollout_tasks_needed",
+        "finished tasks (ROLLOUT_MIN_TASKS) each path still needs in the current step before "
+        "a promotion (0: enough, or not ramping)",
+        lambda: per_path(needed()[1]),
+    )
