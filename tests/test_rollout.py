@@ -22,22 +22,9 @@ from tests.ragflow_support import wait_until
 
 
 def _settings(stack: LocalStack, unique: str, **env: str) -> Settings:
-    return Settings.from_env(
-        {
-            "REDIS_URL": stack.valkey.url,
-            "KAFKA_BOOTSTRAP_SERVERS": stack.kafka.bootstrap_servers,
-            "MQ_BACKEND": "split",
-            "KAFKA_TRAFFIC_PERCENT": "100",
-            "KAFKA_SERVE_PERCENT": "100",
-            "SERVE_KEY_PREFIX": unique,
-            "ROLLOUT_STEPS": "10,50,100",
-            "ROLLOUT_DWELL_S": "0",
-            "ROLLOUT_MIN_TASKS": "5",
-            "ROLLOUT_INTERVAL_S": "0.1",
-            "ROLLOUT_LEASE_S": "1",
-            **env,
-        }
-    )
+    """The autopilot's settings in-process: turns as fast as the test makes them."""
+    fast = {"ROLLOUT_INTERVAL_S": "0.1", "ROLLOUT_LEASE_S": "1"}
+    return Settings.from_env({**_env(stack, unique), **fast, **env})
 
 
 class Clock:

@@ -49,6 +49,8 @@ from sidecar.serve.gate_stats import (
     LATENCY_TESTS,
     TESTS,
     SequentialResult,
+    latency_details,
+    latency_effect,
 )
 from sidecar.serve.sequential import (
     COUNT_MIXTURE,
@@ -156,42 +158,11 @@ def _latency_test(
     log_e = float(log_e_value(totals, TILT_MIXTURE)) if groups else 0.0
     window = Evidence.from_minutes(minutes)["kafka"]
     bounds, (kafka, base) = histograms([window, baseline], name)
-    details = _latency_details(bounds, kafka, base, floor_ms)
+    details = latency_details(bounds, kafka, base, floor_ms, against="baseline")
     details["margin_alpha"] = alpha
-    result = SequentialResult(name, alpha, log_e, _latency_effect(details), None, details,
-                              "baseline")  # fmt: skip
+    effect = latency_effect(details, "baseline")
+    result = SequentialResult(name, alpha, log_e, effect, None, details, "baseline")
     return _with_needed(result, totals, sum(kafka))
-
-
-def _latency_details(
-    bounds: tuple[float, ...], kafka: list[int], base: list[int], floor_ms: float
-) -> dict[str, Any]:
-    details: dict[str, Any] = {"kafka_samples": sum(kafka), "baseline_samples": sum(base)}
-    for q in (0.5, 0.9):
-        k, b = hist.quantile(bounds, kafka, q), hist.quantile(bounds, base, q)
-        label = f"p{round(q * 100)}"
-        details[f"kafka_{label}_ms"], details[f"baseline_{label}_ms"] = k, b
-        # Under the floor, times compare as equal (as in gate_stats).
-        details[f"{label}_ratio"] = (
-            None if k is None or b is None else max(k, floor_ms) / max(b, floor_ms)
-        )
-    _, pair = hist.merge_floor(bounds, np.array([kafka, base], dtype=float), floor_ms)
-    details["kafka_slower_probability"] = hist.slower_probability(pair[0], pair[1])
-    return details
-
-
-def _latency_effect(details: dict[str, Any]) -> str:
-    if details["p50_ratio"] is None:
-        return f"{details['kafka_samples']} on kafka, {details['baseline_samples']} in baseline"
-    return (
-        f"p50 x{details['p50_ratio']:.2f} ({_ms(details['kafka_p50_ms'])} vs baseline "
-        f"{_ms(details['baseline_p50_ms'])}), p90 x{details['p90_ratio']:.2f}, "
-        f"P(kafka slower) {details['kafka_slower_probability']:.2f}"
-    )
-
-
-def _ms(ms: float) -> str:
-    return f"{ms / 1000:.3g} s" if ms >= 1000 else f"{ms:.3g} ms"
 
 
 def _with_needed(result: SequentialResult, totals: Array, tasks: int) -> SequentialResult:

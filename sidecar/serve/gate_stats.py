@@ -181,10 +181,10 @@ def _latency_test(
     log_e = float(log_e_value(np.asarray(total), TILT_MIXTURE)) if groups else 0.0
     window = Evidence.from_minutes(minutes)
     bounds, (kafka, redis) = histograms([window["kafka"], window["redis"]], name)
-    details = _latency_details(bounds, kafka, redis, floor_ms)
+    details = latency_details(bounds, kafka, redis, floor_ms)
     t = tilt_estimate(groups) if sum(kafka) and sum(redis) else None
     details["tilt"] = t
-    result = SequentialResult(name, alpha, log_e, _latency_effect(details), None, details)
+    result = SequentialResult(name, alpha, log_e, latency_effect(details), None, details)
     if result.verdict != "hold" or t is None or t <= 0:
         return result
     k_recent = np.concatenate([k.sum(axis=-1) for k, _, _ in groups])[-RECENT_MINUTES:]
@@ -194,34 +194,42 @@ def _latency_test(
     return _with_needed(result, tilt_drift(t, recent, pooled, hist.scores(merged)), recent)
 
 
-def _latency_details(
-    bounds: tuple[float, ...], kafka: list[int], redis: list[int], floor_ms: float
+def latency_details(
+    bounds: tuple[float, ...],
+    kafka: list[int],
+    other: list[int],
+    floor_ms: float,
+    against: str = "redis",
 ) -> dict[str, Any]:
-    details: dict[str, Any] = {"kafka_samples": sum(kafka), "redis_samples": sum(redis)}
+    """Quantiles of both sides, their ratios and P(kafka slower); ``against`` names the other
+    side (``redis``, or the watch's ``baseline``) in the keys."""
+    details: dict[str, Any] = {"kafka_samples": sum(kafka), f"{against}_samples": sum(other)}
     for q in (0.5, 0.9):
-        k, r = hist.quantile(bounds, kafka, q), hist.quantile(bounds, redis, q)
+        k, r = hist.quantile(bounds, kafka, q), hist.quantile(bounds, other, q)
         label = f"p{round(q * 100)}"
-        details[f"kafka_{label}_ms"], details[f"redis_{label}_ms"] = k, r
+        details[f"kafka_{label}_ms"], details[f"{against}_{label}_ms"] = k, r
         # Under the floor, times compare as equal: the ratio of 5 ms to 2 ms is no slowdown.
         ratio = None if k is None or r is None else max(k, floor_ms) / max(r, floor_ms)
         details[f"{label}_ratio"] = ratio
-    _, pair = hist.merge_floor(bounds, np.array([kafka, redis], dtype=float), floor_ms)
+    _, pair = hist.merge_floor(bounds, np.array([kafka, other], dtype=float), floor_ms)
     details["kafka_slower_probability"] = hist.slower_probability(pair[0], pair[1])
     return details
 
 
-def _latency_effect(details: dict[str, Any]) -> str:
-    if details["p50_ratio"] is None:
-        return f"{details['kafka_samples']} on kafka, {details['redis_samples']} on redis"
-    return (
-        f"p50 x{details['p50_ratio']:.2f} ({_ms(details['kafka_p50_ms'])} vs "
-        f"{_ms(details['redis_p50_ms'])}), p90 x{details['p90_ratio']:.2f}, "
-        f"P(kafka slower) {details['kafka_slower_probability']:.2f}"
-    )
-
-
 def _ms(ms: float) -> str:
     return f"{ms / 1000:.3g} s" if ms >= 1000 else f"{ms:.3g} ms"
+
+
+def latency_effect(details: dict[str, Any], against: str = "redis") -> str:
+    if details["p50_ratio"] is None:
+        where = "on redis" if against == "redis" else f"in {against}"
+        return f"{details['kafka_samples']} on kafka, {details[f'{against}_samples']} {where}"
+    versus = "vs " if against == "redis" else f"vs {against} "
+    return (
+        f"p50 x{details['p50_ratio']:.2f} ({_ms(details['kafka_p50_ms'])} {versus}"
+        f"{_ms(details[f'{against}_p50_ms'])}), p90 x{details['p90_ratio']:.2f}, "
+        f"P(kafka slower) {details['kafka_slower_probability']:.2f}"
+    )
 
 
 def _recent_share(kafka: Array, redis: Array) -> float:
