@@ -26,10 +26,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ragflow_mq.claims import Claim, Claims
-from ragflow_mq.contract import QUEUE_HEADER, SERVED_HEADER, Keys
+from ragflow_mq.contract import SERVED_HEADER, Keys
 from ragflow_mq.dead_letters import DeadLetters
 from ragflow_mq.evidence import Recorder
-from ragflow_mq.hand import Hand, KafkaTask
+from ragflow_mq.hand import Hand, KafkaTask, queue_of
 from sidecar.config import Settings
 from sidecar.config.routing import RouteTable
 from sidecar.errors import MessageDecodeError, SidecarError
@@ -75,6 +75,7 @@ class ServeConsumer:
         self._hand = Hand(settings.mirror.streams)
         self._parked: dict[str, Served] = {}  # message id -> record whose task is held elsewhere
         self._done: asyncio.Queue[KafkaTask] = asyncio.Queue()
+        self._marking: list[KafkaTask] = []  # acked, its done marker being written
         self._loop: asyncio.AbstractEventLoop | None = None
         self._consumer: KafkaConsumer | None = None
         self._claims: Claims | None = None
@@ -207,7 +208,7 @@ class ServeConsumer:
                 if not isinstance(task.get("id"), str):
                     raise MessageDecodeError("no_task_id", "the task has no string 'id'")
             except MessageDecodeError as exc:
-                queue = _text(message.header(QUEUE_HEADER)) or ""
+                queue = queue_of(message)
                 await self._dlq.send(message, queue, exc.reason, exc.detail, self._stopping)
                 self._consumer.finish(message)
                 self._recorder.count("kafka", "dead_lettered")
@@ -249,9 +250,9 @@ class ServeConsumer:
                 if outcome is Claim.RETAKEN:
                     self._recorder.count("kafka", "retried")
                     logger.info("served task %s taken over from a gone executor", task_id)
-                queue = _text(message.header(QUEUE_HEADER)) or ""
                 retaken = outcome is Claim.RETAKEN
-                self._hand.wait(queue, KafkaTask(message, task, self.finished, retaken=retaken))
+                waiting = KafkaTask(message, task, self.finished, retaken=retaken)
+                self._hand.wait(queue_of(message), waiting)
                 here.add(task_id)  # a second record of it in this batch is parked
         if given_back:
             await self._release(given_back)
@@ -321,10 +322,11 @@ class ServeConsumer:
 
     async def _run_finisher(self) -> None:
         while True:
-            batch = [await self._done.get()]
+            self._marking = [await self._done.get()]
             while not self._done.empty():
-                batch.append(self._done.get_nowait())
-            await self._finish(batch, retry=True)
+                self._marking.append(self._done.get_nowait())
+            await self._finish(self._marking, retry=True)
+            self._marking = []
 
     async def _finish(self, batch: list[KafkaTask], *, retry: bool) -> None:
         """Done markers first, then the offsets: a record committed past is one that no
@@ -378,7 +380,9 @@ class ServeConsumer:
         unused = self._hand.drop_waiting()
         if self._claims is not None:
             await self._release(unused)
-            acked = []
+            # Also a batch whose marking the cancel cut short (marking again is harmless): a
+            # task acked as the executor stops is done before the last commit, not redelivered.
+            acked, self._marking = self._marking, []
             while not self._done.empty():
                 acked.append(self._done.get_nowait())
             if acked:
@@ -394,7 +398,3 @@ class ServeConsumer:
         dlq, self._dlq = self._dlq, None
         if dlq is not None:
             await dlq.stop()
-
-
-def _text(value: bytes | None) -> str | None:
-    return value.decode("utf-8", "replace") if value is not None else None

@@ -10,7 +10,14 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ragflow_mq.contract import QUEUE_HEADER
 from sidecar.transport.message import QueueMessage
+
+
+def queue_of(message: QueueMessage) -> str:
+    """The RAGFlow queue a served record was produced for (``x-ragflow-queue``), or ''."""
+    queue = message.header(QUEUE_HEADER)
+    return queue.decode("utf-8", "replace") if queue is not None else ""
 
 
 class KafkaTask:

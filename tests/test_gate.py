@@ -287,7 +287,9 @@ def test_apply_sets_the_live_share_to_0_only_on_a_rollback(gate: Gate) -> None:
     assert code == 3 and gate.live == b"0"
     assert f"live share {gate.keys.share} already 0 %" in out
     code, out, _ = gate.run("--apply", "--window", "1s")
-    assert code == 0 and gate.live == b"0", out
+    # Promote, or hold when the judged verdicts were written over a second ago (a slow
+    # machine): either way no decision but a roll-back touches the live share.
+    assert code in (0, 1) and gate.live == b"0", out
     assert "live share 0 %, served now 0 %" in out
     assert row(out, "finished (kafka)").endswith("n/a"), out
     [(_, entry)] = gate.client.xrange(gate.keys.share_log)

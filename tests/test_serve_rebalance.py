@@ -3,6 +3,7 @@ against the session's real Kafka and Valkey: no served task is skipped or handed
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -103,3 +104,49 @@ async def test_a_fetch_in_flight_across_a_rebalance_skips_no_task(
         await store.aclose()
     assert taken == Counter(dict.fromkeys(ids, 1)), taken
     assert by_member[0] and by_member[1], "the rebalance did not split the partitions"
+
+
+async def test_a_task_acked_as_the_executor_stops_is_marked_done_and_committed(
+    stack: LocalStack, unique: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RAGFlow's graceful stop acks the tasks in hand and exits: the stop cancels the task
+    that writes done markers, and a batch it had in hand must still be marked and committed
+    (else drain-to-redis moved the finished task back to Redis, and it ran twice)."""
+    world = await make_world(stack, unique, tmp_path, KAFKA_SERVE_PERCENT="100")
+    settings = world.settings()
+    routes, keys = RouteTable(settings.mirror.routes), Keys(unique)
+    task = {"id": f"{unique}-t", "doc_id": f"{unique}-d", "from_page": 0, "to_page": 12}
+    route = routes.route(task, 0)
+    async with KafkaProducer(settings.kafka, linger_ms=0) as producer:
+        headers = served_headers(world.streams[1], task, route)
+        sent = await producer.send(route.topic, task, key=route.key, headers=headers)
+    store = create_client(settings.state)
+    member = ServeConsumer(settings, routes, keys, store, Recorder(), "task_executor_common_s_0")
+    finish = consumer_module.Claims.finish
+    marking = asyncio.Event()
+
+    async def slow_finish(self: Any, task_ids: Any) -> None:
+        marking.set()
+        await asyncio.sleep(1)  # a slow state store: the stop comes while this waits
+        await finish(self, task_ids)
+
+    monkeypatch.setattr(consumer_module.Claims, "finish", slow_finish)
+    try:
+        await member.start()
+        taken: list[Any] = []
+
+        def handed_out() -> bool:
+            got = member.take(world.streams[1])
+            if got is not None:
+                taken.append(got)
+            return bool(taken)
+
+        await wait_until(handed_out, 60, what="the task handed out")
+        taken[0].ack()
+        await asyncio.wait_for(marking.wait(), 10)
+        await member.stop()
+        assert await store.exists(keys.done(task["id"])) == 1, "acked, never marked done"
+        assert await world.kafka_settled(), f"offset {sent.offset} left uncommitted"
+    finally:
+        await member.stop()
+        await store.aclose()
