@@ -56,6 +56,11 @@ class RolloutRun:
         return len(self.task_ids - self.per_task.keys())
 
     @property
+    def unexpected(self) -> int:
+        """Tasks executed that the API never wrote down as queued."""
+        return len(self.per_task.keys() - self.task_ids)
+
+    @property
     def doubled(self) -> int:
         return sum(n - 1 for n in self.per_task.values())
 

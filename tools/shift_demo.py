@@ -53,7 +53,7 @@ def render(title: str, run: Any) -> str:
     lines.append(
         f"  ended {run.state.phase} at {run.state.share:g} % after {run.seconds:.0f} s "
         f"({holds} holds); {len(run.task_ids)} tasks: redis {len(run.records) - kafka}, "
-        f"kafka {kafka}, lost {run.lost}, doubled {run.doubled}"
+        f"kafka {kafka}, lost {run.lost}, doubled {run.doubled}, unexpected {run.unexpected}"
     )
     return "\n".join(lines)
 
@@ -103,7 +103,7 @@ async def run(root: Path) -> bool:
         and (clean.state.phase, clean.live) == ("watching", 100.0)
         and failing.state is not None
         and (failing.state.phase, failing.live) == ("rolled_back", 0.0)
-        and all(r.lost == 0 and r.doubled == 0 for r in results)
+        and all(r.lost == 0 and r.doubled == 0 and r.unexpected == 0 for r in results)
     )
 
 

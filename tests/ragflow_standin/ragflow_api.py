@@ -7,7 +7,8 @@ per task to FILE: ``{"task_id", "doc_id", "from_page", "priority", "queue", "ok"
 "at"}`` (``took_s``: how long ``queue_product`` held RAGFlow's caller; ``at``: when it
 returned, epoch seconds). Document i
 (from 0) is at priority 1 when K > 0 and i % K == 0. ``--rate`` is tasks per second, 0 = as fast
-as possible. Exit 0, or 1 when a ``queue_product`` returned False (after writing its line).
+as possible. Exit 0, or 1 when a ``queue_product`` returned False (after writing its line);
+SIGTERM stops it after the line of the task in hand, exit 0.
 
 The task shape is RAGFlow's (shape 1 of docs ragflow-queue.md): page ranges of
 ``PAGE_SIZE`` (RAGFlow's default task_page_size for PDFs, 12) in increasing order, a 16-hex digest
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -101,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     interval = 1.0 / args.rate if args.rate > 0 else 0.0
     started = time.monotonic()
     sent = 0
+    # SIGTERM ends the run between two tasks, never between a queue_product and its line:
+    # a task queued and not written down would look like one executed but never produced.
+    stopping: list[bool] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(True))
     with open(args.out, "w", encoding="utf-8") as out:
 
         def on_queued(task: Task, queue: str, ok: bool, took_s: float) -> None:
@@ -118,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
             out.write(json.dumps(line) + "\n")
             out.flush()
             sent += 1
+            if stopping:
+                raise SystemExit(0)
             if interval:
                 delay = started + sent * interval - time.monotonic()
                 if delay > 0:
