@@ -15,6 +15,7 @@ same clock in every process of the machine) in the list ``results_key``, and its
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import os
@@ -209,9 +210,14 @@ class StandinProcess:
         return self.wait(timeout)
 
     def kill(self) -> int:
-        """SIGKILL and reap."""
+        """SIGKILL and reap; under the restart loop, its running executor too (the loop first,
+        so that it starts no other): killed alone, the loop left it running, orphaned."""
         if self._proc.poll() is None:
+            child = self.executor_pid()
             os.kill(self._proc.pid, signal.SIGKILL)
+            if child is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child, signal.SIGKILL)
         return self.wait(30)
 
     def log_text(self) -> str:

@@ -276,3 +276,30 @@ async def test_failures_are_acked_and_reported_through_set_progress(
     assert {r["task_id"] for r in reports if r["progress"] == 1.0} == set(ids) - failing
     assert all("[ERROR]" in r["progress_msg"] for r in reports if r["progress"] == -1)
     assert await pending_count(valkey_client, streams, GROUP) == 0  # failed tasks are acked too
+
+
+async def test_killing_the_restart_loop_kills_its_running_executor(
+    stack: LocalStack, unique: str, tmp_path: Path
+) -> None:
+    """A test that fails kills its stand-ins with -9: under the entrypoint's loop, the running
+    executor goes with it instead of running on, orphaned, for the rest of the session."""
+    env = standin_env(stack, prefix=unique, results_key=f"{unique}:results")
+    loop = StandinProcess.supervised_executor(env, tmp_path, "task_executor_common_z_0").start()
+    children: list[int] = []
+
+    def running() -> bool:
+        child = loop.executor_pid()
+        children[:] = [child] if child else []
+        return bool(child)
+
+    await wait_until(running, 30, what="the executor under the loop")
+    loop.kill()
+
+    def gone() -> bool:
+        try:
+            state = Path(f"/proc/{children[0]}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return True
+        return state in ("Z", "X")  # dead; reaped by whoever adopted it
+
+    await wait_until(gone, 10, what=f"executor {children[0]} gone")
