@@ -60,7 +60,7 @@ class ServeConsumer:
         recorder: Recorder,
         consumer_name: str,
         busy: Callable[[], int] = lambda: 0,
-        on_finished: Callable[[str], None] = lambda task_id: None,
+        on_finished: Callable[[KafkaTask], None] = lambda task: None,
     ) -> None:
         """``store``: the state store's asyncio client (the caller's, used on this loop);
         ``busy()``: RAGFlow's slots filled by Redis tasks (they leave less room to fetch)."""
@@ -303,8 +303,7 @@ class ServeConsumer:
         if task is None:
             return None
         self._recorder.count("kafka", "started")
-        wait_ms = task.handed_out_s * 1000 - task.message.timestamp_ms
-        self._recorder.observe("kafka", "queue_wait", wait_ms)
+        self._recorder.observe("kafka", "queue_wait", task.queue_wait_ms)
         return task
 
     def finished(self, task: KafkaTask) -> None:
@@ -315,7 +314,7 @@ class ServeConsumer:
             self._loop.call_soon_threadsafe(self._done.put_nowait, task)
         self._recorder.count("kafka", "finished")
         self._recorder.observe("kafka", "processing", (time.time() - task.handed_out_s) * 1000)
-        self._on_finished(task.task_id)
+        self._on_finished(task)
 
     def in_hand(self) -> int:
         return self._hand.in_hand()

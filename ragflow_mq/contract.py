@@ -26,13 +26,20 @@ EVENTS: Final = (
     "produced", "started", "finished", "failed", "retried", "dead_lettered", "diverted",
     "duplicate",
 )  # fmt: skip
+# A document is what one routing key holds (a document's tasks, a memory's, one dataset-wide
+# job or canvas run): its tasks all take one path and share its fate (a broken PDF fails every
+# page range), so the gate's tests take documents, not tasks, as their independent units.
+# document_<event>: a document's first task with that event on a path (within DOCUMENT_TTL_S).
+DOCUMENT_EVENTS: Final = ("document_started", "document_finished", "document_failed")
 Event = Literal[
     "produced", "started", "finished", "failed", "retried", "dead_lettered", "diverted",
-    "duplicate",
+    "duplicate", "document_started", "document_finished", "document_failed",
 ]  # fmt: skip
-# queue_wait: enqueued to handed out; processing: handed out to acked.
+# queue_wait: enqueued to handed out; processing: handed out to acked. document_queue_wait:
+# the queue wait of a document's first started task; document_processing: the processing time
+# of its first finished task (one sample a document, as the events).
 LATENCIES: Final = ("queue_wait", "processing")
-Latency = Literal["queue_wait", "processing"]
+Latency = Literal["queue_wait", "processing", "document_queue_wait", "document_processing"]
 # Upper bounds (ms) of the latency histograms; the last bucket is open. Roughly 1.5x apart
 # from 1 s to 3 h, RAGFlow's range, so that a 1.5x slowdown moves a task about one bucket
 # wherever it falls; fields <path>:<latency>:v2b<index> (BUCKET_FIELD).
@@ -50,6 +57,10 @@ LEGACY_BUCKETS_MS: Final[tuple[float, ...]] = (
 )  # fmt: skip
 LEGACY_BUCKET_FIELD: Final = "b"
 EVIDENCE_TTL_S: Final = 2 * 86400
+# How long a document's first events are remembered: RAGFlow enqueues a document's tasks
+# together and they run within hours; a parse started again after this counts anew. About
+# 150 bytes of the state store a document.
+DOCUMENT_TTL_S: Final = 12 * 3600
 DEFAULT_KEY_PREFIX: Final = "ragflow_mq"
 
 
@@ -70,6 +81,10 @@ class Keys:
     def evidence(self, minute: int) -> str:
         """Per-minute counts (``minute`` = epoch seconds // 60), kept two days."""
         return f"{self.prefix}:evidence:{minute}"
+
+    def document(self, document: str) -> str:
+        """Which of a document's first events were counted, per path (``kafka:finished``)."""
+        return f"{self.prefix}:evidence:document:{document}"
 
     def claim(self, task_id: str) -> str:
         """Which executor process holds a served task (``<consumer>|<incarnation>``), from its

@@ -49,6 +49,11 @@ class KafkaTask:
     def task_id(self) -> str:
         return str(self._task.get("id"))
 
+    @property
+    def queue_wait_ms(self) -> float:
+        """From the record's enqueue to its hand-out."""
+        return self.handed_out_s * 1000 - self.message.timestamp_ms
+
     def ack(self) -> bool:
         """Mark the task done; its done marker and offset are written in the background."""
         if not self._acked:

@@ -44,6 +44,7 @@ class RedisTask:
         self._runtime = runtime
         self._message = message
         self.handed_out_s = time.time()
+        self.queue_wait_ms: float | None = None  # from its stream entry's id, when it has one
         self._acked = False
 
     def get_message(self) -> Any:
@@ -87,7 +88,9 @@ class Runtime:
         self._consumer_retry_at = 0.0
         self._starting: concurrent.futures.Future[ServeConsumer] | None = None
         self.share = LiveShare(self.keys)
-        self._paths: dict[str, str] = {}  # task id -> path, while RAGFlow holds the task
+        # Task id -> (path, document), while RAGFlow holds the task; and how many are Redis's.
+        self._held: dict[str, tuple[str, str]] = {}
+        self._held_on_redis = 0
         self._redis_busy: dict[str, bool] = {}
         self._redis_turn: dict[str, bool] = {}
         self._closed = False
@@ -107,7 +110,8 @@ class Runtime:
         self._starting = None
         self._lock = threading.Lock()
         self._background = False
-        self._paths.clear()
+        self._held.clear()
+        self._held_on_redis = 0
 
     def _new_producer(self) -> ServeProducer:
         return ServeProducer(
@@ -129,7 +133,7 @@ class Runtime:
 
     def busy_on_redis(self) -> int:
         """RAGFlow's slots filled by Redis tasks (the Kafka side fetches only for the rest)."""
-        return sum(1 for path in list(self._paths.values()) if path == "redis")
+        return self._held_on_redis
 
     def sync_store(self) -> Any:
         """The synchronous client of the live share and the evidence: RAGFlow's own (looked up each
@@ -243,7 +247,7 @@ class Runtime:
             self.recorder,
             consumer_name,
             busy=self.busy_on_redis,
-            on_finished=self.forget,
+            on_finished=self.kafka_finished,
         )
         try:
             await consumer.start()
@@ -253,25 +257,53 @@ class Runtime:
         return consumer
 
     def handed_out(self, path: str, task: KafkaTask | RedisTask, task_id: Any) -> None:
-        self._paths[str(task_id)] = path
+        """RAGFlow holds ``task`` now: its slot is taken, its document may start here."""
+        message = task.get_message()
+        document = self.routes.route(message, 0).key if isinstance(message, dict) else str(task_id)
+        with self._lock:
+            previous = self._held.get(str(task_id))
+            self._held[str(task_id)] = (path, document)
+            self._held_on_redis += (path == "redis") - (
+                previous is not None and previous[0] == "redis"
+            )
+        wait_ms = task.queue_wait_ms
+        if wait_ms is not None:
+            self.recorder.first(path, "started", document, latency="queue_wait", ms=wait_ms)
+
+    def _let_go(self, task_id: str) -> tuple[str, str] | None:
+        with self._lock:
+            held = self._held.pop(task_id, None)
+            if held is not None and held[0] == "redis":
+                self._held_on_redis -= 1
+        return held
 
     def finished(self, path: str, task: RedisTask) -> None:
         """A Redis task was acked (Kafka tasks are counted by their consumer)."""
+        processing_ms = (time.time() - task.handed_out_s) * 1000
         self.recorder.count(path, "finished")
-        self.recorder.observe(path, "processing", (time.time() - task.handed_out_s) * 1000)
+        self.recorder.observe(path, "processing", processing_ms)
         message = task.get_message()
         if isinstance(message, dict):
-            self._paths.pop(str(message.get("id")), None)
+            self._finished_document(self._let_go(str(message.get("id"))), processing_ms)
         if self.consumer is not None:
             self.consumer.wake()  # the slot it held may take a served task now
 
-    def forget(self, task_id: str) -> None:
-        self._paths.pop(task_id, None)
+    def kafka_finished(self, task: KafkaTask) -> None:
+        """A served task was acked (its consumer counted the task)."""
+        processing_ms = (time.time() - task.handed_out_s) * 1000
+        self._finished_document(self._let_go(task.task_id), processing_ms)
+
+    def _finished_document(self, held: tuple[str, str] | None, processing_ms: float) -> None:
+        if held is not None:
+            path, document = held
+            self.recorder.first(path, "finished", document, latency="processing", ms=processing_ms)
 
     def failed(self, task_id: Any) -> None:
-        path = self._paths.get(str(task_id))
-        if path is not None:
+        held = self._held.get(str(task_id))
+        if held is not None:
+            path, document = held
             self.recorder.count(path, "failed")
+            self.recorder.first(path, "failed", document)
 
     def redis_task(self, message: Any, *, retried: bool) -> RedisTask | None:
         if message is None or isinstance(message, RedisTask):
@@ -282,7 +314,8 @@ class Runtime:
             self.recorder.count("redis", "retried")
         match = _ENTRY_ID.match(str(task.get_msg_id()))
         if match:
-            self.recorder.observe("redis", "queue_wait", time.time() * 1000 - int(match[1]))
+            task.queue_wait_ms = time.time() * 1000 - int(match[1])
+            self.recorder.observe("redis", "queue_wait", task.queue_wait_ms)
         body = task.get_message()
         if isinstance(body, dict):
             self.handed_out("redis", task, body.get("id"))

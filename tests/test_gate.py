@@ -46,6 +46,7 @@ class Gate:
     monkeypatch: pytest.MonkeyPatch
     capsys: pytest.CaptureFixture[str]
     _verdicts: int = 0
+    _documents: int = 0
 
     def run(self, *args: str, **env: str) -> tuple[int, str, str]:
         for name, value in {**self.env, **env}.items():
@@ -83,8 +84,10 @@ class Gate:
         failed: int = 0,
         processing_ms: float = 1000.0,
         queue_wait_ms: float = 50.0,
+        tasks_a_document: int = 1,
     ) -> None:
-        """``finished`` tasks on ``path``, as RAGFlow's processes record them, a minute ago."""
+        """``finished`` tasks on ``path``, as RAGFlow's processes record them, a minute ago:
+        ``tasks_a_document`` tasks of each document, the first ``failed`` failing."""
         recorder = Recorder()
         at_s = time.time() - 60
         recorder.count(path, "produced", finished, at_s=at_s)
@@ -92,9 +95,19 @@ class Gate:
         recorder.count(path, "finished", finished, at_s=at_s)
         if failed:
             recorder.count(path, "failed", failed, at_s=at_s)
-        for _ in range(finished):
+        self._documents += 1
+        for task in range(finished):
+            document = f"{self.stream}-{path}-{self._documents}-{task // tasks_a_document}"
             recorder.observe(path, "processing", processing_ms, at_s=at_s)
             recorder.observe(path, "queue_wait", queue_wait_ms, at_s=at_s)
+            recorder.first(
+                path, "started", document, latency="queue_wait", ms=queue_wait_ms, at_s=at_s
+            )
+            recorder.first(
+                path, "finished", document, latency="processing", ms=processing_ms, at_s=at_s
+            )
+            if task < failed:
+                recorder.first(path, "failed", document, at_s=at_s)
         pipe = self.client.pipeline(transaction=False)
         write(pipe, self.keys, recorder.drain())
         pipe.execute()  # type: ignore[no-untyped-call]
@@ -164,8 +177,8 @@ def test_a_clean_run_promotes(gate: Gate) -> None:
     assert row(out, "judged verdicts").split()[-1] == "ok"
     assert "100.00 %" in row(out, "match rate")
     assert row(out, "finished (kafka)").split()[-1] == "ok"
-    assert "(+0.00 pp)" in row(out, "failed per finished")
-    assert row(out, "failed per finished").endswith("ok")
+    assert "(+0.00 pp)" in row(out, "failed documents")
+    assert row(out, "failed documents").endswith("ok")
     line = row(out, "processing time")
     assert line.split()[2] == "1" and "p50 x1.00" in line and line.endswith("ok")  # e-value 1
     assert "≥ 500 (hold ≥ 22.4)" in line  # GATE_ALPHA 0.01 over five tests
@@ -196,10 +209,27 @@ def test_a_higher_kafka_failure_rate_rolls_back(gate: Gate) -> None:
     code, out, _ = gate.run()
     assert code == 3, out
     assert "decision: ROLLBACK (exit 3)" in out
-    line = row(out, "failed per finished")
-    assert "kafka 5.00 % vs redis 0.00 % of finished (+5.00 pp)" in line
+    line = row(out, "failed documents")
+    assert "kafka 5.00 % vs redis 0.00 % of finished documents (+5.00 pp)" in line
     assert line.endswith("rollback")
     assert "kafka fails more than redis: e-value" in out
+
+
+def test_failures_count_by_document(gate: Gate) -> None:
+    """A broken document fails every task of it, all on one path: 40 failed tasks of two
+    documents are two failures, which 4 of 400 on Redis do not make a regression (counted by
+    task, 40 against 4 rolled back); 40 documents failing on Kafka are one."""
+    gate.verdicts(match=60)
+    gate.served("redis", finished=400, failed=4)
+    gate.served("kafka", finished=400, failed=40, tasks_a_document=20)
+    code, out, _ = gate.run()
+    assert code == 0, out
+    line = row(out, "failed documents")
+    assert "kafka 10.00 % vs redis 1.00 % of finished documents" in line and line.endswith("ok")
+    gate.served("kafka", finished=400, failed=40)
+    code, out, _ = gate.run()
+    assert code == 3, out
+    assert row(out, "failed documents").endswith("rollback")
 
 
 def test_slower_kafka_processing_rolls_back(gate: Gate) -> None:
@@ -221,7 +251,7 @@ def test_evidence_leaning_to_a_regression_holds_with_the_tasks_needed(gate: Gate
     code, out, _ = gate.run("--json")
     assert code == 1, out
     report = json.loads(out)
-    [check] = [c for c in report["checks"] if c["check"] == "failed per finished"]
+    [check] = [c for c in report["checks"] if c["check"] == "failed documents"]
     assert check["verdict"] == "hold"
     assert 22.4 < check["test"]["e_value"] < 500 and check["test"]["threshold"] == 500
     assert check["test"]["rate_ratio"] == pytest.approx(14, rel=0.01)
@@ -256,7 +286,7 @@ def test_at_a_served_share_of_zero_the_judged_evidence_decides(gate: Gate) -> No
     gate.served("redis", finished=5)  # far below the sample, and no Kafka task at all
     code, out, _ = gate.run(KAFKA_SERVE_PERCENT="0")
     assert code == 0, out
-    for check in ("finished (redis)", "finished (kafka)", "failed per finished", "queue wait"):
+    for check in ("finished (redis)", "finished (kafka)", "failed documents", "queue wait"):
         assert row(out, check).endswith("n/a"), out
     # A ceiling raised ahead of the first step, the live share still at 0: nothing served.
     gate.client.set(gate.keys.share, "0")

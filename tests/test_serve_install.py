@@ -413,3 +413,59 @@ async def test_with_a_state_store_apart_the_served_keys_live_there(
     assert ragflow.keys(f"{unique}:*") == [], "a served key in RAGFlow's Valkey"
     state.close()
     ragflow.close()
+
+
+async def test_the_evidence_counts_each_document_once_a_path(
+    stack: LocalStack, unique: str, tmp_path: Path, redis_conn: ModuleType
+) -> None:
+    """The gate's failure and latency tests take documents as units: a document's first
+    started, finished and failed task on a path, whatever the flushes and however many of its
+    tasks fail."""
+    world = await make_world(stack, unique, tmp_path, KAFKA_SERVE_PERCENT="100")
+    assert ragflow_mq.install(Settings.from_env(world.env))
+    conn, low = redis_conn.REDIS_CONN, world.streams[1]
+    runtime = conn._ragflow_mq_runtime
+    keys = ragflow_mq.Keys(unique)
+    client = valkey.Valkey.from_url(stack.valkey.url)
+    consumer = "task_executor_common_d_0"
+
+    def run(tasks: list[dict[str, Any]], failing: set[str]) -> None:
+        for task in tasks:
+            assert conn.queue_product(low, task)
+        done = 0
+        deadline = time.monotonic() + 60
+        while done < len(tasks) and time.monotonic() < deadline:
+            list(conn.get_unacked_iterator(list(world.streams), GROUP, consumer))
+            message = conn.queue_consumer(low, GROUP, consumer)
+            if message is None:
+                continue
+            if message.get_message()["id"] in failing:
+                runtime.failed(message.get_message()["id"])  # RAGFlow's set_progress(-1)
+            assert message.ack()
+            done += 1
+        assert done == len(tasks)
+        runtime.flush_evidence()
+
+    def total(field: str) -> int:
+        return int(client.hget(keys.evidence_total, field) or 0)
+
+    client.set(keys.share, "0")
+    runtime.read_share()
+    first, second = _tasks(f"{unique}a", 3), _tasks(f"{unique}b", 2)
+    run(first[:2] + second, failing={first[0]["id"], first[1]["id"]})
+    run(first[2:], failing={first[2]["id"]})  # a later flush: the same document, not anew
+    assert (total("redis:finished"), total("redis:failed")) == (5, 3)
+    assert (total("redis:document_finished"), total("redis:document_failed")) == (2, 1)
+    assert total("redis:document_started") == 2
+    samples = sum(
+        int(n) for name, n in client.hgetall(keys.evidence_total).items()
+        if name.startswith(b"redis:document_processing:v2b")
+    )  # fmt: skip
+    assert samples == 2
+    # Served from Kafka, a document counts there, once.
+    client.set(keys.share, "100")
+    runtime.read_share()
+    run(_tasks(f"{unique}c", 3), failing=set())
+    assert (total("kafka:finished"), total("kafka:document_finished")) == (3, 1)
+    assert total("kafka:document_started") == 1 and total("redis:document_finished") == 2
+    client.close()

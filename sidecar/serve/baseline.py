@@ -44,9 +44,11 @@ from ragflow_mq.evidence import Evidence, PathEvidence, histograms
 from sidecar.serve import histograms as hist
 from sidecar.serve.gate_stats import (
     COUNT_TESTS,
+    COUNTED,
     EXPOSURE_NAMES,
     EXPOSURES,
     LATENCY_TESTS,
+    SAMPLED,
     TESTS,
     SequentialResult,
     latency_details,
@@ -101,7 +103,7 @@ def run_baseline_tests(
 def _exposure(path: PathEvidence, name: str) -> tuple[int, int]:
     """A path's events and their exposure (never fewer exposed than events: a flush may split
     an event from its exposure across minutes)."""
-    events = path[name]
+    events = path[COUNTED[name]]
     return events, max(sum(path[e] for e in EXPOSURES[name]), events)
 
 
@@ -131,7 +133,8 @@ def _count_test(
     effect = (
         f"{k_events} on kafka, baseline {b_events} of {b_exposed}"
         if k is None or b is None
-        else f"kafka {k:.2f} % vs baseline {b:.2f} % (bound {100 * bound:.2f} %) of {exposure} "
+        else f"kafka {k:.2f} % vs baseline {b:.2f} % (bound {100 * bound:.2f} %) of "
+        f"{exposure.replace('_', ' ')} "
         f"({k - b:+.2f} pp)"
     )
     result = SequentialResult(name, alpha, log_e, effect, None, details, "baseline")
@@ -144,7 +147,7 @@ def _latency_test(
     # One group per bucket layout (an older build's minutes compare on the shared bounds).
     groups: dict[tuple[float, ...], tuple[list[list[int]], list[int]]] = {}
     for minute in minutes:
-        bounds, (kafka, base) = histograms([minute["kafka"], baseline], name)
+        bounds, (kafka, base) = histograms([minute["kafka"], baseline], SAMPLED[name])
         if sum(kafka):
             groups.setdefault(bounds, ([], base))[0].append(kafka)
     totals: Array = np.zeros(TILT_MIXTURE.nodes.shape)
@@ -157,7 +160,7 @@ def _latency_test(
         totals = totals + ratios.sum(axis=0)
     log_e = float(log_e_value(totals, TILT_MIXTURE)) if groups else 0.0
     window = Evidence.from_minutes(minutes)["kafka"]
-    bounds, (kafka, base) = histograms([window, baseline], name)
+    bounds, (kafka, base) = histograms([window, baseline], SAMPLED[name])
     details = latency_details(bounds, kafka, base, floor_ms, against="baseline")
     details["margin_alpha"] = alpha
     effect = latency_effect(details, "baseline")

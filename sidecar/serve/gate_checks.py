@@ -187,7 +187,7 @@ def _judged_checks(gate: GateSettings, judged: Judged) -> list[Check]:
 
 # The table's name of each sequential test, and what a roll-back says about Kafka.
 TEST_NAMES: Final = {
-    "failed": ("failed per finished", "kafka fails more than redis"),
+    "failed": ("failed documents", "kafka fails more than redis"),
     "retried": ("retried per started", "kafka retries more than redis"),
     "dead_lettered": ("dead_lettered per consumed", "kafka dead-letters more than redis"),
     "processing": ("processing time", "kafka processes slower than redis"),
@@ -195,7 +195,7 @@ TEST_NAMES: Final = {
 }
 # The same against the baseline: how the Redis path ran before the share reached 100 %.
 BASELINE_NAMES: Final = {
-    "failed": ("failed per finished vs baseline", "kafka fails more than redis did before"),
+    "failed": ("failed documents vs baseline", "kafka fails more than redis did before"),
     "retried": ("retried per started vs baseline", "kafka retries more than redis did before"),
     "dead_lettered": (
         "dead_lettered per consumed vs baseline",
