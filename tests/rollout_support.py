@@ -5,6 +5,7 @@ by ``make demo`` (tools/shift_demo.py)."""
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -46,6 +47,9 @@ class RolloutRun:
     decisions: list[dict[str, str]]
     task_ids: set[str]
     records: list[dict[str, Any]]
+    produced: list[dict[str, Any]] = field(default_factory=list)  # the API's lines
+    # Seconds from the start to the Kafka path's fault (``fault_from``), if it began.
+    fault_s: float | None = None
     per_task: Counter[str] = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
@@ -78,10 +82,15 @@ async def run_rollout(
     rate: float = 60.0,
     timeout_s: float = 300.0,
     executor_env: dict[str, str] | None = None,
+    plan: dict[str, str] | None = None,
+    fault_from: tuple[float, float] | None = None,
 ) -> RolloutRun:
     """Run the autopilot from a live share of 0 until its phase is one of ``until``, with the
-    API queueing ``rate`` tasks a second meanwhile; then wait until every queued task ran."""
-    settings = world.settings(**SCALED_PLAN)
+    API queueing ``rate`` tasks a second meanwhile; then wait until every queued task ran.
+    ``plan`` overrides ``SCALED_PLAN``'s settings; ``fault_from`` = (share, percent): once the
+    rollout's share reaches ``share``, that percent of the Kafka path's tasks fail."""
+    scaled = {**SCALED_PLAN, **(plan or {})}
+    settings = world.settings(**scaled)
     await init_topics(settings.kafka)  # the verdicts topic the gate reads
     await set_share(settings, 0.0, by="demo", reason="the runbook's first step")
     keys = RolloutKeys(world.unique)
@@ -90,11 +99,18 @@ async def run_rollout(
         raw = await client.get(keys.state)
         return RolloutState.from_json(raw) if raw else None
 
+    fault_s: float | None = None
+
     async def arrived() -> bool:
+        nonlocal fault_s
         current = await state()
+        at, percent = fault_from or (math.inf, 0.0)
+        if fault_s is None and current is not None and current.share >= at:
+            await client.set(f"{world.results}:fail_kafka", str(percent))
+            fault_s = time.monotonic() - started
         return current is not None and current.phase in until
 
-    env = {**os.environ, **world.env, **SCALED_PLAN}
+    env = {**os.environ, **world.env, **scaled}
     extra = executor_env or {}
     log = world.tmp / f"rollout.{time.monotonic_ns()}.log"
     with (
@@ -110,7 +126,8 @@ async def run_rollout(
             await wait_until(arrived, timeout_s, interval_s=1.0, what=f"the rollout {until}")
             seconds = time.monotonic() - started
             api.terminate()
-        ids = {str(p["task_id"]) for p in read_produced(produced_at)}
+        produced = read_produced(produced_at)
+        ids = {str(p["task_id"]) for p in produced}
         await world.wait_executed(client, ids, timeout_s=180)
 
         async def settled() -> bool:
@@ -127,6 +144,8 @@ async def run_rollout(
         decisions=decisions,
         task_ids=ids,
         records=await world.executed(client),
+        produced=produced,
+        fault_s=fault_s,
     )
 
 

@@ -237,7 +237,11 @@ async def do_handle_task(task: Task) -> None:
     if WORK_MS > 0:
         await asyncio.sleep(WORK_MS / 1000)
     share = _fault_share(str(task["id"]))
-    if FAIL_KAFKA_PERCENT > 0 and ":" in msg_id and share < FAIL_KAFKA_PERCENT:
+    # The Kafka path's fault may also start mid-run: a percentage under RESULTS_KEY:fail_kafka
+    # (set by a test when its rollout reaches a step) wins over the environment's.
+    live = _results_client().get(f"{RESULTS_KEY}:fail_kafka")
+    fail_kafka = FAIL_KAFKA_PERCENT if live is None else float(live)
+    if fail_kafka > 0 and ":" in msg_id and share < fail_kafka:
         raise InjectedFault(f"injected fault on the Kafka path for task {task['id']}")
     if FAIL_PERCENT > 0 and share < FAIL_PERCENT:
         raise InjectedFault(f"injected fault for task {task['id']}")
