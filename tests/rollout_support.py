@@ -24,7 +24,7 @@ from sidecar.transport.topics import init_topics
 from tests.ragflow_support import pending_count, read_produced, wait_until
 from tests.serve_support import ServeWorld
 
-__all__ = ["SCALED_PLAN", "RolloutRun", "run_rollout"]
+__all__ = ["SCALED_PLAN", "RolloutRun", "run_rollout", "start_autopilot"]
 
 # The default plan's shape on a scale of seconds and tens of tasks.
 SCALED_PLAN = {
@@ -149,6 +149,18 @@ async def run_rollout(
     )
 
 
+def start_autopilot(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """``ragflow-sidecar rollout run`` as a process of its own, its output in ``log``."""
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "sidecar", "rollout", "run"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
 class _Autopilot:
     """``ragflow-sidecar rollout run`` as a process, stopped with SIGTERM (exit 0 expected)."""
 
@@ -157,14 +169,7 @@ class _Autopilot:
         self._process: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> _Autopilot:
-        with open(self._log, "wb") as out:
-            self._process = subprocess.Popen(
-                [sys.executable, "-m", "sidecar", "rollout", "run"],
-                env=self._env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
+        self._process = start_autopilot(self._env, self._log)
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -19,6 +19,7 @@ from sidecar.rollout.autopilot import Autopilot
 from sidecar.rollout.machine import GateView, RolloutState
 from sidecar.serve.share import read_status
 from tests.ragflow_support import wait_until
+from tests.rollout_support import start_autopilot
 
 
 def _settings(stack: LocalStack, unique: str, **env: str) -> Settings:
@@ -170,7 +171,7 @@ async def test_killed_with_9_and_started_again_it_resumes_the_same_step(
     """As a process, with the real gate (no evidence: it holds at the first step)."""
     env = {**os.environ, **_env(stack, unique), "ROLLOUT_INTERVAL_S": "0.5"}
     settings = _settings(stack, unique)
-    first = _pilot(env, tmp_path / "first.log")
+    first = start_autopilot(env, tmp_path / "first.log")
     second: subprocess.Popen[bytes] | None = None
     try:
 
@@ -180,7 +181,7 @@ async def test_killed_with_9_and_started_again_it_resumes_the_same_step(
         await wait_until(at_first_step, 60, interval_s=0.2, what="the first step")
         first.send_signal(signal.SIGKILL)
         first.wait(10)
-        second = _pilot(env, tmp_path / "second.log")
+        second = start_autopilot(env, tmp_path / "second.log")
         log = tmp_path / "second.log"
         await wait_until(lambda: " acts (phase ramping, share 10 %)" in log.read_text(), 60,
                          what="the second autopilot acting")  # fmt: skip
@@ -221,14 +222,3 @@ def _cli(env: dict[str, str], *args: str) -> str:
     )
     assert result.returncode == 0, result.stderr
     return result.stdout
-
-
-def _pilot(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    with open(log, "wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "sidecar", "rollout", "run"],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
