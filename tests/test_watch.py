@@ -146,29 +146,25 @@ AT_100_MS = STARTED_MS + 240 * MINUTE_MS  # when the last step (100 %) began
 NOW_MS = AT_100_MS + 120 * MINUTE_MS
 
 
-@pytest.fixture
-def store(monkeypatch: pytest.MonkeyPatch) -> dict[int, Evidence]:
+class Minutes(dict[int, Evidence]):
     """The evidence minutes by minute number, read by the gate as from the state store."""
-    minutes: dict[int, Evidence] = {}
 
-    async def read_served(
-        settings: Settings, since_s: float, until_s: float
-    ) -> tuple[list[Evidence], ShareValues]:
+    async def served(self, since_s: float, until_s: float) -> tuple[list[Evidence], ShareValues]:
         span = range(int(since_s // 60), int(until_s // 60) + 1)
-        return [minutes.get(m, Evidence.from_hashes([])) for m in span], ShareValues(100.0)
+        return [self.get(m, Evidence.from_hashes([])) for m in span], ShareValues(100.0)
 
-    async def read_judged(settings: Settings, since_ms: int) -> Judged:
+    async def judged(self, since_ms: int) -> Judged:
         judged = Judged()
         judged.kinds["match"] = 1000
         return judged
 
-    for module in (gate, autopilot):
-        monkeypatch.setattr(module, "read_served", read_served)
-    monkeypatch.setattr(gate, "read_judged", read_judged)
-    return minutes
+
+@pytest.fixture
+def store() -> Minutes:
+    return Minutes()
 
 
-def fill(store: dict[int, Evidence], failure_at_100: float, seed: int = 9) -> None:
+def fill(store: Minutes, failure_at_100: float, seed: int = 9) -> None:
     """A rollout: 240 minutes at 50 % (its Redis half the baseline), then 120 at 100 %."""
     rng = np.random.default_rng(seed)
     for m in range(STARTED_MS // MINUTE_MS, AT_100_MS // MINUTE_MS):
@@ -192,18 +188,18 @@ def settings() -> Settings:
 
 
 async def test_watching_at_100_compares_with_the_rollouts_redis_before_and_stays(
-    store: dict[int, Evidence],
+    store: Minutes,
 ) -> None:
     assert autopilot.watch_baseline(STATE) == (STARTED_MS, AT_100_MS)
     fill(store, failure_at_100=0.04)
-    view = await autopilot.look(settings(), STATE, NOW_MS)
+    view = await autopilot.look(settings(), STATE, NOW_MS, store)
     assert view.decision == "promote", view.reasons
     _, decision = decide(PLAN, STATE, view, NOW_MS)
     assert decision.action == "hold" and decision.share_to == 100.0
 
 
 async def test_a_regression_while_watching_rolls_back(
-    store: dict[int, Evidence], monkeypatch: pytest.MonkeyPatch
+    store: Minutes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fill(store, failure_at_100=0.09)
     calls: list[Any] = []
@@ -214,7 +210,7 @@ async def test_a_regression_while_watching_rolls_back(
         return await collect(*args)
 
     monkeypatch.setattr(autopilot, "collect", spy)
-    view = await autopilot.look(settings(), STATE, NOW_MS)
+    view = await autopilot.look(settings(), STATE, NOW_MS, store)
     assert calls == [(STARTED_MS, AT_100_MS)]
     assert view.decision == "rollback"
     assert any("kafka fails more than redis did before" in r for r in view.reasons), view.reasons

@@ -25,8 +25,9 @@ from sidecar.config.rollout import check_plan
 from sidecar.errors import SidecarError
 from sidecar.rollout.machine import Decision, GateView, RolloutState, command, decide
 from sidecar.rollout.store import RolloutStore
-from sidecar.serve.gate import collect, read_served
+from sidecar.serve.gate import collect
 from sidecar.serve.gate_checks import DECISIONS
+from sidecar.serve.gate_source import Following, GateSource, OneLook
 from sidecar.serve.share import set_share
 from sidecar.transport.valkey_client import create_client
 
@@ -49,12 +50,16 @@ def watch_baseline(state: RolloutState) -> tuple[int, int] | None:
     return state.started_ms, state.step_since_ms
 
 
-async def look(settings: Settings, state: RolloutState, now_ms: int) -> GateView:
+async def look(
+    settings: Settings, state: RolloutState, now_ms: int, source: GateSource | None = None
+) -> GateView:
     """The gate over the whole rollout (its tests stay valid however often they are asked),
-    at 100 % also against the baseline, and the tasks each path finished in the current step."""
+    at 100 % also against the baseline, and the tasks each path finished in the current step;
+    ``source``: where the evidence is read (the autopilot's follows the rollout)."""
+    source = source if source is not None else OneLook(settings)
     since_ms = state.started_ms or state.step_since_ms
-    report = await collect(settings, since_ms, now_ms, watch_baseline(state))
-    minutes, _ = await read_served(settings, state.step_since_ms / 1000, now_ms / 1000)
+    report = await collect(settings, since_ms, now_ms, watch_baseline(state), source)
+    minutes, _ = await source.served(state.step_since_ms / 1000, now_ms / 1000)
     step = Evidence.from_minutes(minutes)
     needed = "; ".join(
         f"{check.name}: " + ", ".join(f"{path} +{n}" for path, n in check.needed.items())
@@ -78,22 +83,29 @@ class Autopilot:
         settings: Settings,
         *,
         owner: str | None = None,
-        gate: Look = look,
+        gate: Look | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         check_plan(settings.rollout, settings.serve.percent)
         self._settings = settings
         self._plan = settings.rollout
         self.owner = owner or autopilot_id()
-        self._gate = gate
         self._clock = clock
         self._client = create_client(settings.state)
+        # Each turn reads only what is new since the last (a rollout of days would otherwise
+        # read every minute and every verdict since its start, every interval).
+        self._source = Following(settings, self._client)
+        self._gate = gate if gate is not None else self._look
         self.store = RolloutStore(
             self._client, settings.serve.key_prefix, settings.state.display_url
         )
         self.acting = False
         self._standing_by = False
         self._next_look_ms = 0
+
+    async def _look(self, settings: Settings, state: RolloutState, now_ms: int) -> GateView:
+        self._source.forget_before((state.started_ms or state.step_since_ms) / 1000)
+        return await look(settings, state, now_ms, self._source)
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
@@ -160,7 +172,9 @@ class Autopilot:
             await self._set_share(decision.share_to, f"rollout {decision.action}")
 
     async def _set_share(self, share: float, reason: str) -> None:
-        await set_share(self._settings, share, by=f"rollout {self.owner}", reason=reason)
+        await set_share(
+            self._settings, share, by=f"rollout {self.owner}", reason=reason, client=self._client
+        )
 
     async def stop(self) -> None:
         try:

@@ -21,14 +21,14 @@ crossed), 3 roll back. ``--apply`` acts on a roll-back only, by setting the live
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from ragflow_mq.contract import EVENTS, EVIDENCE_TTL_S, PATHS, Keys
-from ragflow_mq.evidence import Evidence, PathEvidence, window_keys
-from ragflow_mq.share import ShareValues, share_keys
+from ragflow_mq.contract import EVENTS, EVIDENCE_TTL_S, PATHS
+from ragflow_mq.evidence import Evidence, PathEvidence
+from ragflow_mq.share import ShareValues
 from sidecar.config import Settings
 from sidecar.errors import ConfigError
 from sidecar.serve.baseline import Baseline
@@ -45,9 +45,12 @@ from sidecar.serve.gate_checks import (
     analyse,
     split_alpha,
 )
+from sidecar.serve.gate_source import (
+    GateSource,
+    OneLook,
+)
 from sidecar.serve.gate_stats import TESTS
-from sidecar.transport.valkey_client import create_client, translate_valkey_errors
-from sidecar.verdicts.reader import VerdictReadStats, parse_since, read_verdicts
+from sidecar.verdicts.reader import parse_since
 
 TESTED_NAMES = frozenset(
     name for names in (TEST_NAMES, BASELINE_NAMES) for name, _ in names.values()
@@ -168,17 +171,19 @@ async def collect(
     since_ms: int,
     until_ms: int,
     baseline: tuple[int, int] | None = None,
+    source: GateSource | None = None,
 ) -> GateReport:
-    """Read both kinds of evidence over ``[since_ms, until_ms]`` and judge them; with
-    ``baseline`` (its since and until, ms), also the Kafka minutes after it against the Redis
-    path over it."""
-    minutes, share = await read_served(settings, since_ms / 1000, until_ms / 1000)
+    """Read both kinds of evidence over ``[since_ms, until_ms]`` (from ``source``, by default
+    afresh) and judge them; with ``baseline`` (its since and until, ms), also the Kafka minutes
+    after it against the Redis path over it."""
+    source = source if source is not None else OneLook(settings)
+    minutes, share = await source.served(since_ms / 1000, until_ms / 1000)
     before = None
     if baseline is not None:
-        b_minutes, _ = await read_served(settings, baseline[0] / 1000, baseline[1] / 1000)
+        b_minutes, _ = await source.served(baseline[0] / 1000, baseline[1] / 1000)
         before = Baseline.of(*baseline, b_minutes)
     served = Evidence.from_minutes(minutes)
-    judged = await read_judged(settings, since_ms)
+    judged = await source.judged(since_ms)
     kafka = served["kafka"]
     # A share of 0 that served nothing has no population to compare; one that is set, or that
     # served something (a share lowered since), must show evidence before it can be promoted.
@@ -207,56 +212,6 @@ async def collect(
         ),
         baseline=before,
     )
-
-
-async def read_served(
-    settings: Settings, since_s: float, until_s: float
-) -> tuple[list[Evidence], ShareValues]:
-    """The window's evidence, minute by minute (one pipelined HGETALL per minute), and the
-    live share, in one trip."""
-    keys = Keys(settings.serve.key_prefix)
-    names = window_keys(keys, since_s, until_s)
-    client = create_client(settings.state)
-    try:
-        with translate_valkey_errors(
-            "read the served share's evidence", settings.state.display_url
-        ):
-            pipe = client.pipeline(transaction=False)
-            for name in names:
-                pipe.hgetall(name)
-            for key in share_keys(keys):
-                pipe.get(key)
-            replies: list[Any] = await pipe.execute()
-    finally:
-        await client.aclose()
-    minutes = [Evidence.from_hashes([reply]) for reply in replies[:-2]]
-    return minutes, ShareValues.parse(*replies[-2:])
-
-
-async def read_judged(settings: Settings, since_ms: int) -> Judged:
-    """Final verdicts decided since ``since_ms`` about the streams this deployment mirrors
-    (the verdicts topic may carry another deployment's, or an older stream layout's)."""
-    stats = VerdictReadStats()
-    records = await read_verdicts(
-        settings.kafka, since_ms=since_ms, verdicts=None, task_types=None, stats=stats
-    )
-    judged = judged_of(records, settings.mirror.streams)
-    judged.complete = stats.complete
-    return judged
-
-
-def judged_of(records: Iterable[Mapping[str, Any]], streams: Iterable[str]) -> Judged:
-    wanted = set(streams)
-    judged = Judged()
-    for record in records:
-        if record.get("stream") not in wanted:
-            continue
-        kind = str(record.get("verdict"))
-        if kind == "duplicate":
-            judged.duplicates += 1
-        elif kind in FINAL_VERDICTS:
-            judged.kinds[kind] += 1
-    return judged
 
 
 def render_json(report: GateReport) -> str:

@@ -90,20 +90,23 @@ def actor() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-async def set_share(settings: Settings, to: float, *, by: str, reason: str = "") -> Shift:
-    """Set the live share to ``to`` (already checked against the ceiling) and log the change."""
+async def set_share(
+    settings: Settings, to: float, *, by: str, reason: str = "", client: Any = None
+) -> Shift:
+    """Set the live share to ``to`` (already checked against the ceiling) and log the change,
+    on ``client`` (left open) or a client of its own."""
     keys = Keys(settings.serve.key_prefix)
-    client = create_client(settings.state)
+    own = client is None
+    client = create_client(settings.state) if own else client
     args = (f"{to:g}", by, actor(), f"{settings.serve.percent:g}", reason, str(LOG_LENGTH))
     where = settings.state.display_url
     try:
         with translate_valkey_errors(f"set the live share {keys.share}", where):
             # valkey-py types eval as sync-or-async; on the asyncio client it awaits.
-            reply = await client.eval(  # type: ignore[misc]
-                SHIFT_SCRIPT, 3, *share_keys(keys), keys.share_log, *args
-            )
+            reply = await client.eval(SHIFT_SCRIPT, 3, *share_keys(keys), keys.share_log, *args)
     finally:
-        await client.aclose()
+        if own:
+            await client.aclose()
     previous, folded, entry = reply
     shift = Shift(parse_percent(previous), to, parse_percent(folded), entry is not None)
     if shift.logged:

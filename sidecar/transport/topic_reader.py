@@ -40,6 +40,8 @@ class TopicReadOutcome:
     complete: bool = True  # False: stopped on idle_timeout_ms short of the end offsets
     short_partitions: list[tuple[str, int]] = field(default_factory=list)
     absent_topics: list[str] = field(default_factory=list)
+    # Where each partition's read stopped: the next read of what came since starts there.
+    positions: dict[TopicPartition, int] = field(default_factory=dict)
 
 
 async def read_topics(
@@ -50,8 +52,10 @@ async def read_topics(
     since_ms: int | None = None,
     idle_timeout_ms: int = 1500,
     require_all: bool = True,
+    start_offsets: Mapping[TopicPartition, int] | None = None,
 ) -> TopicReadOutcome:
-    """Hand every record of ``topics`` (from ``since_ms`` less a margin, else the beginning)
+    """Hand every record of ``topics`` (from ``since_ms`` less a margin, else the beginning;
+    a partition in ``start_offsets`` from there, as an earlier read's ``positions`` left it)
     up to the end offsets seen at the start to ``on_record``, partition by partition in order.
 
     ``idle_timeout_ms`` only guards against a broker that stops answering. A topic that does
@@ -83,7 +87,7 @@ async def read_topics(
         consumer.assign(tps)
         with translate_kafka_errors("read the offsets of " + ", ".join(topics), where):
             ends: dict[TopicPartition, int] = await consumer.end_offsets(tps)
-            await _seek_to_start(consumer, tps, since_ms, ends)
+            await _seek_to_start(consumer, tps, since_ms, ends, start_offsets or {})
         await _read_to_end(
             consumer,
             tps,
@@ -106,14 +110,22 @@ async def _seek_to_start(
     tps: list[TopicPartition],
     since_ms: int | None,
     ends: Mapping[TopicPartition, int],
+    start_offsets: Mapping[TopicPartition, int],
 ) -> None:
     """From the beginning, or with ``since_ms`` from the first record produced after it
-    (less a margin for clocks), so a recent window does not read the whole topic."""
-    if since_ms is None:
-        await consumer.seek_to_beginning(*tps)
-        return
-    found = await consumer.offsets_for_times({tp: max(since_ms - SEEK_MARGIN_MS, 0) for tp in tps})
+    (less a margin for clocks), so a recent window does not read the whole topic; a partition
+    in ``start_offsets`` from there."""
     for tp in tps:
+        if tp in start_offsets:
+            consumer.seek(tp, start_offsets[tp])
+    rest = [tp for tp in tps if tp not in start_offsets]
+    if not rest:
+        return
+    if since_ms is None:
+        await consumer.seek_to_beginning(*rest)
+        return
+    found = await consumer.offsets_for_times({tp: max(since_ms - SEEK_MARGIN_MS, 0) for tp in rest})
+    for tp in rest:
         at = found.get(tp)
         consumer.seek(tp, at.offset if at is not None else ends[tp])
 
@@ -138,6 +150,7 @@ async def _read_to_end(
         if current != positions:
             positions = current
             last_progress = time.monotonic()
+        outcome.positions = {tp: min(positions[tp], ends[tp]) for tp in tps}
         remaining = [tp for tp in tps if positions[tp] < ends[tp]]
         if not remaining:
             return

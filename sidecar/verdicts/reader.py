@@ -82,7 +82,49 @@ async def read_verdicts(
     return selected
 
 
-def _take(record: Any, by_id: dict[str, dict[str, Any]], stats: VerdictReadStats) -> None:
+class VerdictFollower:
+    """The verdicts decided since a fixed time, for a reader that asks again and again (the
+    rollout autopilot): each ``read_new()`` reads only what was written since the last one and
+    returns the verdicts not returned before, once each."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        since_ms: int,
+        *,
+        topic: str = VERDICTS_TOPIC,
+        idle_timeout_ms: int = 1500,
+    ) -> None:
+        self.since_ms = since_ms
+        self._settings = settings
+        self._topic = topic
+        self._idle_timeout_ms = idle_timeout_ms
+        self._positions: dict[Any, int] = {}
+        self._seen: set[str] = set()
+
+    async def read_new(self, stats: VerdictReadStats | None = None) -> list[dict[str, Any]]:
+        stats = stats if stats is not None else VerdictReadStats()
+        by_id: dict[str, dict[str, Any]] = {}
+        outcome = await read_topics(
+            self._settings,
+            [self._topic],
+            lambda record: _take(record, by_id, stats, self._seen),
+            since_ms=self.since_ms,
+            idle_timeout_ms=self._idle_timeout_ms,
+            start_offsets=self._positions,
+        )
+        stats.complete = outcome.complete
+        self._positions.update(outcome.positions)
+        self._seen.update(by_id)
+        return [record for record in by_id.values() if _wanted(record, self.since_ms, None, None)]
+
+
+def _take(
+    record: Any,
+    by_id: dict[str, dict[str, Any]],
+    stats: VerdictReadStats,
+    seen: set[str] | frozenset[str] = frozenset(),
+) -> None:
     stats.records += 1
     try:
         body = parse_verdict(record.value) if record.value is not None else None
@@ -95,7 +137,7 @@ def _take(record: Any, by_id: dict[str, dict[str, Any]], stats: VerdictReadStats
     if not isinstance(verdict_id, str):
         # No id to deduplicate on: the record's place in the log is unique at least.
         verdict_id = f"{record.topic}:{record.partition}:{record.offset}"
-    if verdict_id in by_id:
+    if verdict_id in by_id or verdict_id in seen:
         stats.duplicates += 1
         return
     by_id[verdict_id] = body

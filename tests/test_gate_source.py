@@ -1,0 +1,85 @@
+"""The autopilot's evidence source reads only what is new at each look (real Valkey and
+Kafka): settled minutes are not read again, verdicts not read twice, and a look still sees
+every minute and every verdict of the window."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
+
+import valkey.asyncio as avalkey
+
+from ragflow_mq.contract import Keys
+from ragflow_mq.evidence import Recorder, write
+from sidecar.config import Settings
+from sidecar.dev.local_stack import LocalStack
+from sidecar.serve.gate_source import SETTLED_MINUTES, Following, OneLook
+from sidecar.transport import KafkaProducer
+from sidecar.verdicts.model import VerdictRecord
+from sidecar.verdicts.reader import VerdictFollower, VerdictReadStats
+
+
+async def _hgetall_calls(client: avalkey.Valkey) -> int:
+    stats = await client.info("commandstats")
+    return int(cast(dict[str, Any], stats).get("cmdstat_hgetall", {}).get("calls", 0))
+
+
+async def test_settled_minutes_are_read_once_and_the_window_stays_whole(
+    stack: LocalStack, unique: str, valkey_client: avalkey.Valkey
+) -> None:
+    ours = Settings.from_env({"REDIS_URL": stack.valkey.url, "SERVE_KEY_PREFIX": unique})
+    now_s = time.time()
+    minutes = 10
+    recorder = Recorder()
+    for back in range(minutes):
+        recorder.count("kafka", "finished", back + 1, at_s=now_s - 60 * back)
+    pipe = valkey_client.pipeline(transaction=False)
+    write(pipe, Keys(unique), recorder.drain())
+    await pipe.execute()
+    following = Following(ours, valkey_client)
+    since_s = now_s - 60 * (minutes - 1)
+    first, _ = await following.served(since_s, now_s)
+    before = await _hgetall_calls(valkey_client)
+    again, _ = await following.served(since_s, now_s)
+    read = await _hgetall_calls(valkey_client) - before
+    # Only the minutes too recent to be settled are read again; the window is still whole.
+    assert read == SETTLED_MINUTES
+    fresh, _ = await OneLook(ours).served(since_s, now_s)
+    totals = [[m["kafka"]["finished"] for m in window] for window in (first, again, fresh)]
+    assert totals[0] == totals[1] == totals[2] == list(range(minutes, 0, -1))
+    await valkey_client.delete(*await valkey_client.keys(f"{unique}:*"))
+
+
+async def test_verdicts_are_read_from_where_the_last_read_stopped(
+    settings: Settings, make_topic: Callable[[int], Awaitable[str]], unique: str
+) -> None:
+    topic = await make_topic(3)
+    now_ms = int(time.time() * 1000)
+
+    def verdict(n: int, decided_at_ms: int = now_ms) -> VerdictRecord:
+        return VerdictRecord(
+            verdict="match", stream=unique, entry_id=f"{now_ms}-{n}", task_id=f"task-{n}",
+            task_type="parse", decided_at_ms=decided_at_ms, sidecar="test_gate_source",
+        )  # fmt: skip
+
+    async def produce(records: list[VerdictRecord]) -> None:
+        async with KafkaProducer(settings.kafka) as producer:
+            for record in records:
+                await producer.send(topic, record.to_json(), key=record.task_id.encode())
+
+    # One verdict decided before the window, three inside it.
+    await produce([verdict(0, now_ms - 3_600_000), verdict(1), verdict(2), verdict(3)])
+    follower = VerdictFollower(settings.kafka, now_ms - 1000, topic=topic)
+    stats = VerdictReadStats()
+    first = await follower.read_new(stats)
+    assert sorted(r["task_id"] for r in first) == ["task-1", "task-2", "task-3"]
+    # Two more, one of them a verdict read before (a producer's retry): only the new one is
+    # returned, and only the two new records are read.
+    await produce([verdict(2), verdict(4)])
+    stats = VerdictReadStats()
+    second = await follower.read_new(stats)
+    assert [r["task_id"] for r in second] == ["task-4"]
+    assert stats.records == 2 and stats.duplicates == 1 and stats.complete
+    stats = VerdictReadStats()
+    assert await follower.read_new(stats) == [] and stats.records == 0
