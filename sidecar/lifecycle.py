@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from abc import ABC, abstractmethod
 from types import TracebackType
 from typing import Self
@@ -63,6 +64,9 @@ class Poller(Lifecycle):
         self._name = name
         self._task: asyncio.Task[None] | None = None
         self._halt = asyncio.Event()
+        self._failing = False
+        # The subclass's module names the log lines: they are about its data, not the loop.
+        self._logger = logging.getLogger(type(self).__module__)
 
     async def _start(self) -> None:
         self._halt = asyncio.Event()
@@ -88,6 +92,20 @@ class Poller(Lifecycle):
             await self.poll()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._halt.wait(), timeout=self._interval_s)
+
+    def failed(self, what: str, exc: BaseException) -> bool:
+        """Log ``what`` happened on a failed read, once an outage rather than at every poll;
+        ``False``, for ``poll`` to return."""
+        if not self._failing:
+            self._logger.warning("%s: %s", what, exc)
+        self._failing = True
+        return False
+
+    def answered(self, what: str) -> None:
+        """A read succeeded: log ``what`` if it ends an outage."""
+        if self._failing:
+            self._logger.info("%s", what)
+        self._failing = False
 
     @abstractmethod
     async def poll(self) -> bool:

@@ -96,7 +96,6 @@ class StateMemoryPoller(Poller):
         # None before the first read and while reads fail: the series are left out rather
         # than kept at figures nobody can vouch for (docs/metrics.md).
         self.memory: ValkeyMemory | None = None
-        self._failing = False
 
     async def _stop(self) -> None:
         await super()._stop()
@@ -108,14 +107,9 @@ class StateMemoryPoller(Poller):
             async with asyncio.timeout(POLL_TIMEOUT_S):
                 memory = await read_memory(self._client, self._where)
         except (SidecarError, TimeoutError) as exc:
-            if not self._failing:
-                logger.warning("state store's memory unknown until it answers INFO: %s", exc)
-            self._failing = True
             self.memory = None
-            return False
-        if self._failing:
-            logger.info("state store's memory read again")
-        self._failing = False
+            return self.failed("state store's memory unknown until it answers INFO", exc)
+        self.answered("state store's memory read again")
         self.memory = memory
         return True
 

@@ -13,7 +13,6 @@ store reports the same, so dashboards take ``max``, never ``sum``, across instan
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Iterable
 from typing import Final
@@ -26,8 +25,6 @@ from sidecar.lifecycle import Poller
 from sidecar.rollout.machine import ACTIONS, PHASES, evidence_needed
 from sidecar.rollout.store import RolloutRecord, RolloutStore
 from sidecar.telemetry.metrics import SidecarMetrics
-
-logger = logging.getLogger(__name__)
 
 # As the served evidence's poller: a decision shows within this plus a scrape interval.
 POLL_INTERVAL_S: Final = 10.0
@@ -48,21 +45,14 @@ class RolloutPoller(Poller):
         super().__init__(interval_s, "rollout-poller")
         self._store = RolloutStore(client, settings.serve.key_prefix, settings.state.display_url)
         self.values = RolloutRecord()
-        self._failing = False
 
     async def poll(self) -> bool:
         """One read of the record; ``False`` if it failed (the values stay as they were)."""
         try:
             record = await self._store.snapshot()
         except (SidecarError, ValueError) as exc:
-            # Once per outage, not every 10 s; the gauges keep the last values meanwhile.
-            if not self._failing:
-                logger.warning("rollout metrics keep their last values: %s", exc)
-            self._failing = True
-            return False
-        if self._failing:
-            logger.info("rollout metrics read from the state store again")
-        self._failing = False
+            return self.failed("rollout metrics keep their last values", exc)
+        self.answered("rollout metrics read from the state store again")
         self.values = record
         return True
 

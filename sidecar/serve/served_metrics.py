@@ -11,7 +11,6 @@ same Valkey reports the same values, so dashboards take ``max``, never ``sum``, 
 
 from __future__ import annotations
 
-import logging
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -28,8 +27,6 @@ from sidecar.errors import SidecarError
 from sidecar.lifecycle import Poller
 from sidecar.telemetry.metrics import SidecarMetrics
 from sidecar.transport.valkey_client import translate_valkey_errors
-
-logger = logging.getLogger(__name__)
 
 POLL_INTERVAL_S: Final = 10.0
 # The latency and failure gauges cover the minute buckets of this recent stretch.
@@ -63,7 +60,6 @@ class ServedEvidencePoller(Poller):
         self._keys = Keys(settings.serve.key_prefix)
         self.values = ServedValues()
         self._client: avalkey.Valkey | None = None
-        self._failing = False
 
     async def _start(self) -> None:
         self._client = self._given_client
@@ -91,14 +87,8 @@ class ServedEvidencePoller(Poller):
                     pipe.get(key)
                 replies: list[Any] = await pipe.execute()
         except SidecarError as exc:
-            # Once per outage, not every 10 s; the gauges keep the last values meanwhile.
-            if not self._failing:
-                logger.warning("served-share metrics keep their last values: %s", exc)
-            self._failing = True
-            return False
-        if self._failing:
-            logger.info("served-share metrics read from Valkey again")
-        self._failing = False
+            return self.failed("served-share metrics keep their last values", exc)
+        self.answered("served-share metrics read from Valkey again")
         total = Evidence.from_hashes(replies[:1])
         self.values = ServedValues(
             totals=Counter({(p, e): total[p][e] for p in PATHS for e in EVENTS}),
