@@ -664,7 +664,9 @@ def test_dockerfile_is_python_3_11_slim_without_build_tools() -> None:
     runs = " ".join(a for k, a in final if k == "RUN")
     assert "apt-get install" not in runs and "pip install" not in runs
     assert any(k == "COPY" and a.startswith("--from=build /opt/venv") for k, a in final)
-    assert any(k == "RUN" and "pip install --no-cache-dir ." in a for k, a in instructions)
+    assert any(
+        k == "RUN" and 'pip install --no-cache-dir ".[sidecar]"' in a for k, a in instructions
+    )
 
 
 def test_dockerignore_keeps_local_state_out() -> None:
@@ -721,12 +723,15 @@ def _normalise(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _declared_closure() -> set[str]:
-    """The distributions `pip install .` brings: pyproject's dependencies (with the extras
-    asked for) and, as installed here, everything they require, transitively."""
+def _declared_closure(extras_of_ours: frozenset[str] = frozenset({"sidecar"})) -> set[str]:
+    """The distributions `pip install ".[extras_of_ours]"` brings (the sidecar's image asks for
+    the sidecar extra, RAGFlow's for none): pyproject's dependencies (with the extras asked for)
+    and, as installed here, everything they require, transitively."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    optional = project["optional-dependencies"]
     todo: list[tuple[str, set[str]]] = []
-    for requirement in project["dependencies"]:
+    requirements = [*project["dependencies"], *(r for e in extras_of_ours for r in optional[e])]
+    for requirement in requirements:
         match = re.match(r"\s*([A-Za-z0-9_.-]+)(?:\[([^\]]*)\])?", requirement)
         assert match, requirement
         extras = {e.strip() for e in (match.group(2) or "").split(",") if e.strip()}
