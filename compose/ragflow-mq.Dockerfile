@@ -53,3 +53,9 @@ RUN set -eu; \
 ENV PYTHONPATH=/opt/ragflow-mq${PYTHONPATH:+:${PYTHONPATH}}
 # The same start-up RAGFlow's processes will have: sitecustomize found and loaded.
 RUN MQ_BACKEND=redis python3 -c "import sys; assert 'ragflow_mq._sitecustomize' in sys.modules, sys.path"
+# And with the split on, on RAGFlow's own interpreter (3.13 from v0.26, which this project's CI
+# lacks): every module of ragflow_mq imported and install() run, so a package or a Python that
+# cannot take it fails the build rather than RAGFlow's processes at their start.
+RUN MQ_BACKEND=split python3 -c "import importlib, pkgutil, sys, ragflow_mq; \
+[importlib.import_module(m.name) for m in pkgutil.iter_modules(ragflow_mq.__path__, 'ragflow_mq.')]; \
+assert 'ragflow_mq.install' in sys.modules and sys.meta_path[0].__class__.__name__ == '_PatchOnImport', sys.meta_path"

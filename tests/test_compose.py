@@ -957,8 +957,16 @@ def test_ragflow_dockerfile_installs_the_wheel_into_ragflows_virtualenv() -> Non
         'uv pip install --python "$python"' in runs and "python=/ragflow/.venv/bin/python" in runs
     )
     assert re.search(r"/tmp/ragflow-mq-wheels/ragflow_kafka_sidecar-\*\.whl", runs)
-    # RAGFlow's installed versions constrain the install (a conflict fails the build).
+    # RAGFlow's installed versions constrain the install (a conflict fails the build), all
+    # of them: no package of RAGFlow's is let go (valkey was, until issue 25), and a freeze
+    # after the install is compared with the one before.
     assert "uv pip freeze" in runs and "--constraint /tmp/ragflow-pins.txt" in runs
+    assert "valkey" not in runs.lower() and "VALKEY" not in RAGFLOW_DOCKERFILE.read_text()
+    assert "grep -vxFf /tmp/ragflow-after.txt /tmp/ragflow-pins.txt" in runs
+    # The wheel alone: the sidecar's extra is the sidecar's image's, never RAGFlow's.
+    assert "[sidecar]" not in runs and ".whl[" not in runs
+    # ragflow_mq imported whole and install() run on RAGFlow's interpreter at build time.
+    assert any(k == "RUN" and a.startswith("MQ_BACKEND=split python3") for k, a in final)
     assert f'ln -s "$sitecustomize" {SITECUSTOMIZE_DIR}' in runs
     assert any(k == "COPY" and a.startswith("--from=wheel /wheels/") for k, a in final)
     envs = [a for k, a in final if k == "ENV"]

@@ -138,11 +138,11 @@ def test_the_committed_constraints_name_the_ragflow_commit_they_come_from() -> N
 
 def test_our_requirements_admit_every_version_ragflow_pins() -> None:
     """pyproject's floors against RAGFlow's pins, offline: the requirements RAGFlow's image
-    installs (no extra) and the sidecar's extra (the pinned test environment installs it)."""
+    installs (no extra; the sidecar's extra never meets RAGFlow's pins)."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     pins = _committed()
     refused = []
-    for text in (*project["dependencies"], *project["optional-dependencies"]["sidecar"]):
+    for text in project["dependencies"]:
         requirement = Requirement(text)
         pin = pins.get(_normalise(requirement.name))
         if pin is not None and not requirement.specifier.contains(pin, prereleases=True):
@@ -209,6 +209,28 @@ def test_ragflow_mq_loads_no_deprecated_api_and_nothing_of_the_sidecar_extra() -
     loaded = set(run.stdout.split())
     assert {"ragflow_mq", "aiokafka", "valkey"} <= loaded
     assert not loaded & set(SIDECAR_ONLY), loaded & set(SIDECAR_ONLY)
+
+
+def test_the_sidecar_command_without_its_extra_names_what_to_install() -> None:
+    """The plain wheel (RAGFlow's image) puts ragflow-sidecar on PATH too: without the extra it
+    exits 2 naming it, instead of a traceback on the first missing import."""
+    hide = (
+        "import importlib.abc, sys\n"
+        "class Hide(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name.split('.')[0] in ('deepdiff', 'scipy'):\n"
+        "            raise ModuleNotFoundError(name=name)\n"
+        "sys.meta_path.insert(0, Hide())\n"
+        "from sidecar.cli.main import main\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", hide], capture_output=True, text=True, cwd=REPO, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO)}, check=False,
+    )  # fmt: skip
+    assert run.returncode == 2, run.stderr
+    assert "deepdiff, scipy not installed" in run.stderr, run.stderr
+    assert "pip install 'ragflow-kafka-sidecar[sidecar]'" in run.stderr
+    assert "Traceback" not in run.stderr
 
 
 @pytest.fixture

@@ -13,8 +13,9 @@ Run from a checkout:
     python -m tools.ragflow_constraints generate --git-dir ../ragflow/.git --rev v0.27.0
     # from a uv.lock file, naming where it came from
     python -m tools.ragflow_constraints generate --lock uv.lock --source "ragflow <commit>"
-    # the installed distributions that RAGFlow also pins, checked against the file
-    python -m tools.ragflow_constraints verify
+    # the installed distributions that RAGFlow also pins (--only: those a freeze names),
+    # checked against the file
+    python -m tools.ragflow_constraints verify [--only FREEZE]
 
 ``generate`` writes ``compose/ragflow-constraints.txt`` unless ``--output`` says otherwise.
 """
@@ -182,6 +183,9 @@ def _verify(args: argparse.Namespace) -> int:
     installed = shared(
         pins, ((d.metadata["Name"], d.version) for d in importlib.metadata.distributions())
     )
+    if args.only is not None:
+        names = {canonical(m["name"]) for m in map(_PIN.match, args.only.read_text().split()) if m}
+        installed = {name: v for name, v in installed.items() if name in names}
     for name, version in sorted(installed.items()):
         print(f"{name}=={version}")
     problems = mismatches(pins, installed)
@@ -203,6 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     generate.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     verify = commands.add_parser("verify", help="installed versions against the constraints")
     verify.add_argument("constraints", type=Path, nargs="?", default=DEFAULT_OUTPUT)
+    verify.add_argument("--only", type=Path, help="a pip freeze: check only the names in it")
     args = parser.parse_args(argv)
     try:
         return _generate(args) if args.command == "generate" else _verify(args)
