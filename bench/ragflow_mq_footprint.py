@@ -8,7 +8,8 @@ KAFKA_SERVE_PERCENT=100: every task through Kafka).
 - start-up: wall time of ``python -c "import rag.utils.redis_conn"`` (sitecustomize, the
   import of ragflow_mq and the patch of REDIS_CONN included), median of --starts runs each:
   the difference is what install() adds to every process's start (``-X importtime`` would
-  charge ragflow_mq with valkey, which RAGFlow imports anyway);
+  charge ragflow_mq with valkey, which RAGFlow imports anyway); and of a process with the
+  sitecustomize directory but the default backend, as every process of the image starts;
 - idle: one executor of each (RAGFlow's 5 s sleep after an empty ``collect()``, 5 task slots),
   the installed one in its Kafka group, measured over --idle-s: CPU (% of one core), RSS and
   threads at the end;
@@ -167,10 +168,19 @@ def main() -> int:
         unique = {kind: envs[kind]["STANDIN_QUEUE_PREFIX"] for kind in KINDS}
         asyncio.run(create_topics(stack, f"{unique['installed']}.tasks",
                                   f"{unique['installed']}.tasks.priority"))  # fmt: skip
+        # The sitecustomize directory on PYTHONPATH with the default backend: as every Python
+        # process of RAGFlow's container starts (workers, scripts) when nothing is served.
+        default = {**envs["without"], "PYTHONPATH": f"{SITECUSTOMIZE}{os.pathsep}"
+                   + envs["without"]["PYTHONPATH"]}  # fmt: skip
         start = {kind: startup_ms(envs[kind], args.starts) for kind in KINDS}
+        start_default = startup_ms(default, args.starts)
+        extra = {"installed": start["installed"] - start["without"],
+                 "default": start_default - start["without"]}  # fmt: skip
         print(f"start-up (import rag.utils.redis_conn), median of {args.starts}: without "
               f"{start['without']:.0f} ms, installed {start['installed']:.0f} ms (+"
-              f"{start['installed'] - start['without']:.0f} ms)", flush=True)  # fmt: skip
+              f"{extra['installed']:.0f} ms); sitecustomize with "
+              f"MQ_BACKEND=redis {start_default:.0f} ms (+{extra['default']:.0f} ms)",
+              flush=True)  # fmt: skip
         with (
             process([sys.executable, "-m", "rag.svr.task_executor"],
                     {**envs["without"], "STANDIN_CONSUMER": "task_executor_fp_w"},

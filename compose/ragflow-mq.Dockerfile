@@ -51,8 +51,9 @@ RUN set -eu; \
 # /opt/ragflow-mq/sitecustomize.py at every start; it calls ragflow_mq.install(), which does
 # nothing at all unless MQ_BACKEND is split or kafka.
 ENV PYTHONPATH=/opt/ragflow-mq${PYTHONPATH:+:${PYTHONPATH}}
-# The same start-up RAGFlow's processes will have: sitecustomize found and loaded.
-RUN MQ_BACKEND=redis python3 -c "import sys; assert 'ragflow_mq._sitecustomize' in sys.modules, sys.path"
+# The same start-up RAGFlow's processes will have: sitecustomize found and loaded, and with
+# MQ_BACKEND=redis nothing of ragflow_mq imported.
+RUN MQ_BACKEND=redis python3 -c "import sys; assert sys.modules['sitecustomize'].__file__.startswith('/opt/ragflow-mq/'), sys.path; assert 'ragflow_mq' not in sys.modules"
 # And with the split on, on RAGFlow's own interpreter (3.13 from v0.26, which this project's CI
 # lacks): every module of ragflow_mq imported and install() run, so a package or a Python that
 # cannot take it fails the build rather than RAGFlow's processes at their start.

@@ -1000,7 +1000,11 @@ def test_the_ragflow_images_wheel_loads_ragflow_mq_at_python_start(tmp_path: Pat
         assert "ragflow_mq/sitecustomize/sitecustomize.py" in archive.namelist()
         archive.extractall(site)
     python_path = f"{site / 'ragflow_mq' / 'sitecustomize'}:{site}"
-    probe = "import sys, ragflow_mq; print('ragflow_mq._sitecustomize' in sys.modules, ragflow_mq.__file__)"
+    # Which sitecustomize ran, and what of ragflow_mq and aiokafka it imported.
+    probe = (
+        "import sys; print(sys.modules['sitecustomize'].__file__, 'ragflow_mq' in sys.modules, "
+        "'aiokafka' in sys.modules, getattr(sys.modules.get('ragflow_mq'), '__file__', None))"
+    )
 
     def start(**env: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -1008,10 +1012,20 @@ def test_the_ragflow_images_wheel_loads_ragflow_mq_at_python_start(tmp_path: Pat
             env=_clean_env(PYTHONPATH=python_path, **env), timeout=60, check=False,
         )  # fmt: skip
 
+    # The default backend: sitecustomize runs and imports nothing (every process of RAGFlow's
+    # container starts through it).
     loaded = start(MQ_BACKEND="redis")
     assert loaded.returncode == 0, loaded.stderr
-    found, module = loaded.stdout.split()
-    assert found == "True" and module.startswith(str(site)), loaded.stdout
+    assert loaded.stdout.split() == [
+        str(site / "ragflow_mq" / "sitecustomize" / "sitecustomize.py"),
+        "False",
+        "False",
+        "None",
+    ], loaded.stdout
+    split = start(MQ_BACKEND="split")
+    assert split.returncode == 0, split.stderr
+    _file, imported, _aiokafka, module = split.stdout.split()
+    assert imported == "True" and module.startswith(str(site)), split.stdout
     # A bad setting ends the process at start, naming the variable.
     refused = start(MQ_BACKEND="redis", KAFKA_SERVE_PERCENT="5")
     assert refused.returncode == 2, refused.stdout + refused.stderr

@@ -123,6 +123,20 @@ def test_verify_names_each_package_at_another_version() -> None:
         read_constraints("valkey==6.0.2\nvalkey>=6.1\n")
 
 
+def test_verify_checks_the_installed_packages_a_freeze_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    installed = importlib.metadata.version("valkey")
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text(f"valkey==0.0.1\npyyaml=={importlib.metadata.version('PyYAML')}\n")
+    freeze = tmp_path / "freeze.txt"
+    freeze.write_text("PyYAML==6.0\n-e file:///somewhere\n")
+    assert main(["verify", "--only", str(freeze), str(constraints)]) == 0
+    freeze.write_text("valkey==6.0.2\nPyYAML==6.0\n")
+    assert main(["verify", "--only", str(freeze), str(constraints)]) == 1
+    assert f"valkey: installed {installed}, RAGFlow pins 0.0.1" in capsys.readouterr().err
+
+
 def _committed() -> dict[str, str]:
     return read_constraints(DEFAULT_OUTPUT.read_text(encoding="utf-8"))
 
