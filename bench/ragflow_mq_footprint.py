@@ -6,8 +6,9 @@ own, side by side: **without** ``install()`` (no sitecustomize, RAGFlow as it is
 KAFKA_SERVE_PERCENT=100: every task through Kafka).
 
 - start-up: wall time of ``python -c "import rag.utils.redis_conn"`` (sitecustomize, the
-  import of ragflow_mq and the patch of REDIS_CONN included), median of --starts runs each:
-  the difference is what install() adds to every process's start (``-X importtime`` would
+  import of ragflow_mq and the patch of REDIS_CONN included), and its CPU time, medians of
+  --starts runs each, the kinds taking turns: the difference is what install() adds to every
+  process's start (``-X importtime`` would
   charge ragflow_mq with valkey, which RAGFlow imports anyway); and of a process with the
   sitecustomize directory but the default backend, as every process of the image starts;
 - idle: one executor of each (RAGFlow's 5 s sleep after an empty ``collect()``, 5 task slots),
@@ -28,6 +29,7 @@ import asyncio
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import statistics
@@ -79,15 +81,25 @@ def process_env(stack: LocalStack, unique: str, kind: str) -> dict[str, str]:
     return env
 
 
-def startup_ms(env: dict[str, str], starts: int) -> float:
-    """Median wall time of a process that imports RAGFlow's redis_conn and exits."""
-    times = []
+def startup_ms(envs: dict[str, dict[str, str]], starts: int) -> dict[str, tuple[float, float]]:
+    """Median wall time and CPU time (user + system; what a loaded machine changes least), per
+    environment, of a process that imports RAGFlow's redis_conn and exits; the environments
+    take turns, so a busier moment of the machine hits all alike."""
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in envs}
     for _ in range(starts):
-        began = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "import rag.utils.redis_conn"], env=env,
-                       check=True, capture_output=True, timeout=60)  # fmt: skip
-        times.append((time.perf_counter() - began) * 1000)
-    return statistics.median(times)
+        for name, env in envs.items():
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            began = time.perf_counter()
+            subprocess.run([sys.executable, "-c", "import rag.utils.redis_conn"], env=env,
+                           check=True, capture_output=True, timeout=60)  # fmt: skip
+            wall = time.perf_counter() - began
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+            times[name].append((wall * 1000, cpu * 1000))
+    return {
+        name: (statistics.median(w for w, _ in values), statistics.median(c for _, c in values))
+        for name, values in times.items()
+    }
 
 
 def threads(pid: int) -> int:
@@ -172,15 +184,13 @@ def main() -> int:
         # process of RAGFlow's container starts (workers, scripts) when nothing is served.
         default = {**envs["without"], "PYTHONPATH": f"{SITECUSTOMIZE}{os.pathsep}"
                    + envs["without"]["PYTHONPATH"]}  # fmt: skip
-        start = {kind: startup_ms(envs[kind], args.starts) for kind in KINDS}
-        start_default = startup_ms(default, args.starts)
-        extra = {"installed": start["installed"] - start["without"],
-                 "default": start_default - start["without"]}  # fmt: skip
-        print(f"start-up (import rag.utils.redis_conn), median of {args.starts}: without "
-              f"{start['without']:.0f} ms, installed {start['installed']:.0f} ms (+"
-              f"{extra['installed']:.0f} ms); sitecustomize with "
-              f"MQ_BACKEND=redis {start_default:.0f} ms (+{extra['default']:.0f} ms)",
-              flush=True)  # fmt: skip
+        start = startup_ms({**envs, "default": default}, args.starts)
+        print(f"start-up (import rag.utils.redis_conn), median of {args.starts}, wall / CPU:")
+        for kind, label in (("without", "without install()"), ("default", "sitecustomize, "
+                            "MQ_BACKEND=redis"), ("installed", "installed, split")):  # fmt: skip
+            wall, cpu = start[kind]
+            print(f"  {label:33} {wall:5.0f} ms / {cpu:4.0f} ms  (+{wall - start['without'][0]:.0f}"
+                  f" / +{cpu - start['without'][1]:.0f} ms)", flush=True)  # fmt: skip
         with (
             process([sys.executable, "-m", "rag.svr.task_executor"],
                     {**envs["without"], "STANDIN_CONSUMER": "task_executor_fp_w"},
