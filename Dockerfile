@@ -15,12 +15,13 @@ ENV PIP_NO_CACHE_DIR=1 \
 WORKDIR /src
 # Only what `pip install .` reads: the metadata (README.md is the long description) and the
 # two packages. Tests, benchmarks, compose files and dashboards stay out (.dockerignore too).
+# The [sidecar] extra: what only the sidecar process needs (OpenTelemetry, the gate's SciPy).
 COPY pyproject.toml README.md ./
 COPY sidecar ./sidecar
 COPY comparators ./comparators
 COPY ragflow_mq ./ragflow_mq
 RUN python -m venv /opt/venv \
- && /opt/venv/bin/pip install --no-cache-dir . \
+ && /opt/venv/bin/pip install --no-cache-dir ".[sidecar]" \
  && /opt/venv/bin/ragflow-sidecar --version
 
 FROM ${PYTHON_IMAGE}

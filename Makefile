@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest system-deps clean bench
+.PHONY: demo test lint typecheck pytest pytest-ragflow-pins system-deps clean bench
 
 $(STAMP): pyproject.toml
 	@$(MAKE) --no-print-directory system-deps
@@ -40,13 +40,45 @@ lint: $(STAMP)
 	$(BIN)/ruff check sidecar comparators ragflow_mq tests bench dashboards tools
 	$(BIN)/ruff format --check sidecar comparators ragflow_mq tests bench dashboards tools
 
+# ragflow_mq runs on RAGFlow's interpreter (3.12 in RAGFlow v0.23-v0.25, 3.13 from v0.26), which
+# this machine lacks: checked against those versions' standard library, with what it imports.
 typecheck: $(STAMP)
 	$(BIN)/mypy
+	$(BIN)/mypy --python-version 3.13 -p ragflow_mq
+	$(BIN)/mypy --python-version 3.12 -p ragflow_mq
 
 pytest: $(STAMP)
 	$(BIN)/pytest
 
-test: lint typecheck pytest
+# ragflow_mq's tests again, in a second virtualenv holding what ragflow_mq's install brings at
+# RAGFlow's versions (compose/ragflow-constraints.txt, from RAGFlow's uv.lock: valkey 6.0.2,
+# orjson, PyYAML, cramjam, ...), so that a pin RAGFlow raises or lowers fails here first. First
+# the plain install under RAGFlow's constraints, as RAGFlow's image makes it; then, with those
+# versions held, the sidecar's extra and the test tools, which never meet RAGFlow's pins in a
+# deployment. Built again only when the constraints or pyproject.toml change; `verify` prints
+# the shared versions and fails on one that is not RAGFlow's. About 5 minutes on 2 busy CPUs.
+RAGFLOW_VENV        := .venv-ragflow
+RAGFLOW_STAMP       := $(RAGFLOW_VENV)/.installed
+RAGFLOW_CONSTRAINTS := compose/ragflow-constraints.txt
+RAGFLOW_MQ_FREEZE   := $(RAGFLOW_VENV)/ragflow-mq-install.txt
+RAGFLOW_PIN_TESTS   ?= tests/test_ragflow_pins.py tests/test_serve_install.py tests/test_serve.py \
+                       tests/test_shift.py tests/test_serve_rebalance.py tests/test_serve_workload.py
+
+$(RAGFLOW_STAMP): $(RAGFLOW_CONSTRAINTS) pyproject.toml
+	@$(MAKE) --no-print-directory system-deps
+	rm -rf $(RAGFLOW_VENV)
+	$(PYTHON) -m venv $(RAGFLOW_VENV)
+	$(RAGFLOW_VENV)/bin/python -m pip install -q --upgrade pip
+	$(RAGFLOW_VENV)/bin/python -m pip install -q -c $(RAGFLOW_CONSTRAINTS) -e .
+	$(RAGFLOW_VENV)/bin/python -m pip freeze --exclude-editable > $(RAGFLOW_MQ_FREEZE)
+	$(RAGFLOW_VENV)/bin/python -m pip install -q -c $(RAGFLOW_MQ_FREEZE) -e '.[dev]'
+	touch $(RAGFLOW_STAMP)
+
+pytest-ragflow-pins: $(RAGFLOW_STAMP)
+	$(RAGFLOW_VENV)/bin/python -m tools.ragflow_constraints verify --only $(RAGFLOW_MQ_FREEZE) $(RAGFLOW_CONSTRAINTS)
+	$(RAGFLOW_VENV)/bin/pytest $(RAGFLOW_PIN_TESTS)
+
+test: lint typecheck pytest pytest-ragflow-pins
 
 demo: $(STAMP)
 	$(BIN)/ragflow-sidecar demo $(DEMO_ARGS)
@@ -72,6 +104,8 @@ E2E_BENCH_ARGS     ?=
 E2E_SATURATION_ARGS ?= --rate 5000 --seconds 60 --warmup-s 60 --handler noop
 SERVE_BENCH_ARGS   ?=
 SERVE_LATENCY_BENCH_ARGS ?=
+# What install() costs one RAGFlow process (start-up, RSS, threads, CPU idle and served): ~3 min.
+FOOTPRINT_BENCH_ARGS ?=
 TRACING_BENCH_ARGS ?= --entries 5000 --mirror-entries 50000
 JOIN_BENCH_ARGS    ?=
 # No services: simulated rollouts through the gate's own tests, ~3 minutes on 2 CPUs.
@@ -100,6 +134,8 @@ bench: $(STAMP)
 	@$(LOADAVG)
 	$(BIN)/python bench/serve_latency.py $(SERVE_LATENCY_BENCH_ARGS)
 	@$(LOADAVG)
+	$(BIN)/python bench/ragflow_mq_footprint.py $(FOOTPRINT_BENCH_ARGS)
+	@$(LOADAVG)
 	$(BIN)/python bench/tracing_overhead.py $(TRACING_BENCH_ARGS)
 	@$(LOADAVG)
 	$(BIN)/python bench/gate_calibration.py $(GATE_BENCH_ARGS)
@@ -111,4 +147,4 @@ bench: $(STAMP)
 
 clean:
 	-$(BIN)/ragflow-sidecar local-stack down
-	rm -rf .local $(VENV)
+	rm -rf .local $(VENV) $(RAGFLOW_VENV)

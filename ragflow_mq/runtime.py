@@ -26,7 +26,7 @@ from ragflow_mq.producer import ServeProducer
 from ragflow_mq.share import LiveShare
 from sidecar.config import Settings
 from sidecar.config.routing import RouteTable
-from sidecar.transport.valkey_client import create_client
+from sidecar.transport.valkey_client import SOCKET_TIMEOUT_S, create_client
 
 logger = logging.getLogger(__name__)
 
@@ -143,7 +143,9 @@ class Runtime:
             return self._conn.REDIS
         if self._state_sync is None:
             self._state_sync = valkey.Valkey(
-                **self.settings.state.client_kwargs(), socket_connect_timeout=5
+                **self.settings.state.client_kwargs(),
+                socket_connect_timeout=5,
+                socket_timeout=SOCKET_TIMEOUT_S,
             )
         return self._state_sync
 

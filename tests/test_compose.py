@@ -664,7 +664,9 @@ def test_dockerfile_is_python_3_11_slim_without_build_tools() -> None:
     runs = " ".join(a for k, a in final if k == "RUN")
     assert "apt-get install" not in runs and "pip install" not in runs
     assert any(k == "COPY" and a.startswith("--from=build /opt/venv") for k, a in final)
-    assert any(k == "RUN" and "pip install --no-cache-dir ." in a for k, a in instructions)
+    assert any(
+        k == "RUN" and 'pip install --no-cache-dir ".[sidecar]"' in a for k, a in instructions
+    )
 
 
 def test_dockerignore_keeps_local_state_out() -> None:
@@ -721,12 +723,15 @@ def _normalise(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _declared_closure() -> set[str]:
-    """The distributions `pip install .` brings: pyproject's dependencies (with the extras
-    asked for) and, as installed here, everything they require, transitively."""
+def _declared_closure(extras_of_ours: frozenset[str] = frozenset({"sidecar"})) -> set[str]:
+    """The distributions `pip install ".[extras_of_ours]"` brings (the sidecar's image asks for
+    the sidecar extra, RAGFlow's for none): pyproject's dependencies (with the extras asked for)
+    and, as installed here, everything they require, transitively."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    optional = project["optional-dependencies"]
     todo: list[tuple[str, set[str]]] = []
-    for requirement in project["dependencies"]:
+    requirements = [*project["dependencies"], *(r for e in extras_of_ours for r in optional[e])]
+    for requirement in requirements:
         match = re.match(r"\s*([A-Za-z0-9_.-]+)(?:\[([^\]]*)\])?", requirement)
         assert match, requirement
         extras = {e.strip() for e in (match.group(2) or "").split(",") if e.strip()}
@@ -952,8 +957,16 @@ def test_ragflow_dockerfile_installs_the_wheel_into_ragflows_virtualenv() -> Non
         'uv pip install --python "$python"' in runs and "python=/ragflow/.venv/bin/python" in runs
     )
     assert re.search(r"/tmp/ragflow-mq-wheels/ragflow_kafka_sidecar-\*\.whl", runs)
-    # RAGFlow's installed versions constrain the install (a conflict fails the build).
+    # RAGFlow's installed versions constrain the install (a conflict fails the build), all
+    # of them: no package of RAGFlow's is let go (valkey was, until issue 25), and a freeze
+    # after the install is compared with the one before.
     assert "uv pip freeze" in runs and "--constraint /tmp/ragflow-pins.txt" in runs
+    assert "valkey" not in runs.lower() and "VALKEY" not in RAGFLOW_DOCKERFILE.read_text()
+    assert "grep -vxFf /tmp/ragflow-after.txt /tmp/ragflow-pins.txt" in runs
+    # The wheel alone: the sidecar's extra is the sidecar's image's, never RAGFlow's.
+    assert "[sidecar]" not in runs and ".whl[" not in runs
+    # ragflow_mq imported whole and install() run on RAGFlow's interpreter at build time.
+    assert any(k == "RUN" and a.startswith("MQ_BACKEND=split python3") for k, a in final)
     assert f'ln -s "$sitecustomize" {SITECUSTOMIZE_DIR}' in runs
     assert any(k == "COPY" and a.startswith("--from=wheel /wheels/") for k, a in final)
     envs = [a for k, a in final if k == "ENV"]
@@ -987,7 +1000,11 @@ def test_the_ragflow_images_wheel_loads_ragflow_mq_at_python_start(tmp_path: Pat
         assert "ragflow_mq/sitecustomize/sitecustomize.py" in archive.namelist()
         archive.extractall(site)
     python_path = f"{site / 'ragflow_mq' / 'sitecustomize'}:{site}"
-    probe = "import sys, ragflow_mq; print('ragflow_mq._sitecustomize' in sys.modules, ragflow_mq.__file__)"
+    # Which sitecustomize ran, and what of ragflow_mq and aiokafka it imported.
+    probe = (
+        "import sys; print(sys.modules['sitecustomize'].__file__, 'ragflow_mq' in sys.modules, "
+        "'aiokafka' in sys.modules, getattr(sys.modules.get('ragflow_mq'), '__file__', None))"
+    )
 
     def start(**env: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -995,10 +1012,20 @@ def test_the_ragflow_images_wheel_loads_ragflow_mq_at_python_start(tmp_path: Pat
             env=_clean_env(PYTHONPATH=python_path, **env), timeout=60, check=False,
         )  # fmt: skip
 
+    # The default backend: sitecustomize runs and imports nothing (every process of RAGFlow's
+    # container starts through it).
     loaded = start(MQ_BACKEND="redis")
     assert loaded.returncode == 0, loaded.stderr
-    found, module = loaded.stdout.split()
-    assert found == "True" and module.startswith(str(site)), loaded.stdout
+    assert loaded.stdout.split() == [
+        str(site / "ragflow_mq" / "sitecustomize" / "sitecustomize.py"),
+        "False",
+        "False",
+        "None",
+    ], loaded.stdout
+    split = start(MQ_BACKEND="split")
+    assert split.returncode == 0, split.stderr
+    _file, imported, _aiokafka, module = split.stdout.split()
+    assert imported == "True" and module.startswith(str(site)), split.stdout
     # A bad setting ends the process at start, naming the variable.
     refused = start(MQ_BACKEND="redis", KAFKA_SERVE_PERCENT="5")
     assert refused.returncode == 2, refused.stdout + refused.stderr

@@ -22,6 +22,11 @@ from sidecar.errors import (
 )
 from sidecar.transport.options import RedisSettings
 
+# A reply that never comes fails the call after this long. valkey-py's own default, since 6.1;
+# before it (RAGFlow pins 6.0.2, under which ragflow_mq runs) there was none, and a Valkey that
+# stopped answering held the call, and the RAGFlow thread in it, for good.
+SOCKET_TIMEOUT_S = 5.0
+
 
 def create_client(settings: RedisSettings, **overrides: Any) -> valkey.Valkey:
     """A Valkey client on raw bytes (values must reach Kafka exactly as stored)."""
@@ -29,6 +34,7 @@ def create_client(settings: RedisSettings, **overrides: Any) -> valkey.Valkey:
         **settings.client_kwargs(),
         "decode_responses": False,
         "socket_connect_timeout": 5,
+        "socket_timeout": SOCKET_TIMEOUT_S,
         "health_check_interval": 30,
     }
     options.update(overrides)
