@@ -222,6 +222,7 @@ class ServeConsumer:
         if not records:
             return
         assert self._claims is not None and self._consumer is not None
+        held = self._hand.held()  # and after: one acked meanwhile is ours, no longer held
         try:
             outcomes = await self._claims.claim([str(task["id"]) for _, task in records])
         except SidecarError as exc:
@@ -232,7 +233,7 @@ class ServeConsumer:
             return
         # No await from here to the buffers: a rebalance that took a partition while its
         # records were claimed has run by now, and those records are the new owner's.
-        here = self._hand.held()
+        here = held | self._hand.held()
         given_back: list[str] = []
         for (message, task), outcome in zip(records, outcomes, strict=True):
             task_id = str(task["id"])

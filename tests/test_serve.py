@@ -235,8 +235,9 @@ async def test_records_the_executor_cannot_take_go_to_the_dlq_with_their_bytes(
 async def test_an_executor_joining_and_leaving_mid_stream_runs_nothing_twice(
     stack: LocalStack, unique: str, tmp_path: Path, valkey_client: avalkey.Valkey
 ) -> None:
-    """Two rebalances while tasks are in RAGFlow's hands: the member losing a partition waits
-    for its running tasks to be acked and commits them before the other reads on."""
+    """Two rebalances while tasks are in RAGFlow's hands: the member losing a partition runs
+    its tasks in hand to their ack while the new owner parks their records, and a partition
+    read again from its committed offset skips what was done since."""
     world = await make_world(stack, unique, tmp_path, KAFKA_SERVE_PERCENT="100")
 
     async def executed_at_least(count: int) -> None:

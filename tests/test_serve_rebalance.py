@@ -150,3 +150,67 @@ async def test_a_task_acked_as_the_executor_stops_is_marked_done_and_committed(
     finally:
         await member.stop()
         await store.aclose()
+
+
+async def test_a_record_claimed_while_its_task_is_marked_done_is_not_run_again(
+    stack: LocalStack, unique: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second record of a task (a partition read again from its committed offset after a
+    rebalance) is claimed while the task's done marker is being written: the claim still
+    finds the task ours, and by the time it returns the task is no longer held. The record is
+    parked (then skipped as done), not handed out again: a fresh-clone run of
+    test_serve.py's joining-and-leaving test ran one task of 600 twice so."""
+    world = await make_world(stack, unique, tmp_path, KAFKA_SERVE_PERCENT="100")
+    settings = world.settings()
+    routes, keys = RouteTable(settings.mirror.routes), Keys(unique)
+    task = {"id": f"{unique}-t", "doc_id": f"{unique}-d", "from_page": 0, "to_page": 12}
+    route = routes.route(task, 0)
+    headers = served_headers(world.streams[1], task, route)
+    store = create_client(settings.state)
+    member = ServeConsumer(settings, routes, keys, store, Recorder(), "task_executor_common_c_0")
+    claim, finish = consumer_module.Claims.claim, consumer_module.Claims.finish
+    claims_of_task = 0
+    claimed_again = asyncio.Event()
+
+    async def late_finish(self: Any, task_ids: Any) -> None:
+        await claimed_again.wait()  # the done marker lands after the second record's claim
+        await finish(self, task_ids)
+
+    async def racing_claim(self: Any, task_ids: Any) -> Any:
+        nonlocal claims_of_task
+        outcomes = await claim(self, task_ids)
+        if task["id"] in task_ids:
+            claims_of_task += 1
+            if claims_of_task == 2:
+                claimed_again.set()
+                await wait_until(lambda: task["id"] not in member._hand.held(), 10,
+                                 interval_s=0.01, what="the task marked done")  # fmt: skip
+        return outcomes
+
+    monkeypatch.setattr(consumer_module.Claims, "finish", late_finish)
+    monkeypatch.setattr(consumer_module.Claims, "claim", racing_claim)
+    try:
+        await member.start()
+        async with KafkaProducer(settings.kafka, linger_ms=0) as producer:
+            await producer.send(route.topic, task, key=route.key, headers=headers)
+            taken: list[Any] = []
+
+            def handed_out() -> bool:
+                got = member.take(world.streams[1])
+                if got is not None:
+                    taken.append(got)
+                return bool(taken)
+
+            await wait_until(handed_out, 60, what="the task handed out")
+            taken[0].ack()
+            await producer.send(route.topic, task, key=route.key, headers=headers)
+        # The second record is parked and claimed again once the task is done (skipped), or
+        # (the bug) waits in the buffer to be handed out.
+        await wait_until(lambda: claims_of_task >= 3 or member._hand.filled() > 0, 30,
+                         interval_s=0.01, what="the second record dealt with")  # fmt: skip
+        assert member.take(world.streams[1]) is None, "the task was handed out twice"
+        await wait_until(lambda: not member._parked, 10, what="the second record skipped")
+        assert await store.exists(keys.done(task["id"])) == 1
+    finally:
+        await member.stop()
+        await store.aclose()
