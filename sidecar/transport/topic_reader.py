@@ -18,7 +18,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from sidecar.errors import MessageQueueError
 from sidecar.transport.admin import topic_partitions
-from sidecar.transport.kafka import stop_consumer, translate_kafka_errors
+from sidecar.transport.kafka import kafka_where, stop_consumer, translate_kafka_errors
 from sidecar.transport.options import KafkaSettings
 
 logger = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ async def read_topics(
     not exist raises, unless ``require_all`` is false (then it is listed in ``absent_topics``).
     """
     outcome = TopicReadOutcome()
-    where = ",".join(settings.bootstrap_servers)
+    where = kafka_where(settings)
     consumer = AIOKafkaConsumer(
         **settings.client_kwargs(),
         group_id=None,
