@@ -20,7 +20,7 @@ from sidecar.app.service import Sidecar
 from sidecar.config import Settings
 from sidecar.dev.local_stack import LocalKafka
 from sidecar.dev.local_stack.acls import AclBinding, create_acls, parse_acl_command
-from sidecar.errors import AuthorizationError
+from sidecar.errors import AuthorizationError, MessageQueueError
 from sidecar.transport.base import OutgoingMessage
 from sidecar.transport.kafka import KafkaConsumer, KafkaProducer
 from sidecar.transport.message import QueueMessage
@@ -251,6 +251,18 @@ async def test_each_principal_is_refused_the_rest_naming_the_missing_acl(
             await asyncio.wait_for(join(config, topic, group), 60)
     assert refusal(principal, acl).match(str(refused.value)), str(refused.value)
     assert not refused.value.retriable
+
+
+async def test_a_topic_hidden_by_the_acls_is_not_only_called_missing(
+    settings: Settings, acl_broker: LocalKafka
+) -> None:
+    mirror = as_principal(settings, acl_broker, MIRROR)
+    with pytest.raises(MessageQueueError) as hidden:
+        await read_topics(mirror.kafka, [VERDICTS_TOPIC], lambda *record: None)
+    assert str(hidden.value).startswith(
+        f"topic {VERDICTS_TOPIC} does not exist in Kafka at {acl_broker.secured_bootstrap_servers}"
+        f" as User:{MIRROR} or no ACL allows DESCRIBE on it (run init-topics;"
+    ), str(hidden.value)
 
 
 async def test_a_mirror_run_as_the_wrong_principal_stops_with_one_line_and_acks_nothing(

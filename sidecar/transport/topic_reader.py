@@ -73,9 +73,11 @@ async def read_topics(
         existing = await topic_partitions(admin, where)
         outcome.absent_topics = [topic for topic in topics if not existing.get(topic)]
         if outcome.absent_topics and require_all:
+            # Kafka leaves out of the metadata what the principal may not DESCRIBE.
+            hidden = " or no ACL allows DESCRIBE on it" if settings.sasl_username else ""
             raise MessageQueueError(
-                f"topic {', '.join(outcome.absent_topics)} does not exist in Kafka at {where} "
-                "(run init-topics)"
+                f"topic {', '.join(outcome.absent_topics)} does not exist in Kafka at {where}"
+                f"{hidden} (run init-topics; see docs/security.md)"
             )
         tps = [TopicPartition(t, p) for t in topics if existing.get(t) for p in existing[t]]
         if not tps:
