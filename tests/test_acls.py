@@ -9,6 +9,7 @@ import asyncio
 import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +131,10 @@ async def test_the_mirror_and_the_shadow_do_their_jobs_each_as_its_own_principal
 
     def component(principal: str) -> Settings:
         secured = acl_broker.secured_client_env(principal)
-        return sidecar_settings(settings, streams, unique, SHADOW_GROUP=SHADOW_GROUP, **secured)
+        config = sidecar_settings(settings, streams, unique, SHADOW_GROUP=SHADOW_GROUP, **secured)
+        # No stable instance name: the shadow leaves its group when it stops, so the group is
+        # free at once for the tests below (a static member keeps it for a session timeout).
+        return replace(config, shadow=replace(config.shadow, stable_instance=False))
 
     stop = asyncio.Event()
     # The split deployment: `mirror --compare` (it records the Redis run) and `shadow`.
@@ -225,6 +229,8 @@ REFUSALS = [
     (MIRROR, "join", PARSE_TOPIC, SHADOW_GROUP, f"READ on group {SHADOW_GROUP}"),
     (SHADOW, "send", PARSE_TOPIC, None, f"WRITE on topic {PARSE_TOPIC}"),
     (SHADOW, "join", PARSE_TOPIC, EXECUTOR_GROUP, f"READ on group {EXECUTOR_GROUP}"),
+    # Its own group, a topic it may describe and write but not read.
+    (SHADOW, "join", VERDICTS_TOPIC, SHADOW_GROUP, f"READ on topic {VERDICTS_TOPIC}"),
     (MQ, "send", VERDICTS_TOPIC, None, f"WRITE on topic {VERDICTS_TOPIC}"),
     (MQ, "join", PARSE_TOPIC, SHADOW_GROUP, f"READ on group {SHADOW_GROUP}"),
     # Allowed to write nowhere, its idempotent producer gets no producer id.

@@ -244,6 +244,9 @@ class LocalKafka:
         properties = {
             "process.roles": "broker,controller",
             "node.id": "1",
+            # A static voter set rather than 4.x's dynamic quorum (format --standalone): 3.9.x
+            # and 4.x format and start alike from this file (the share.coordinator settings
+            # below are 4.x's; 3.9 ignores them).
             "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
             "listeners": (
                 f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}"
