@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import valkey.asyncio as avalkey
+from aiokafka import errors as kafka_errors
 
 from ragflow_mq.factory import create_consumer, create_producer
 from sidecar.app.service import Sidecar
@@ -23,7 +24,7 @@ from sidecar.dev.local_stack import LocalKafka
 from sidecar.dev.local_stack.acls import AclBinding, create_acls, parse_acl_command
 from sidecar.errors import AuthorizationError, MessageQueueError
 from sidecar.transport.base import OutgoingMessage
-from sidecar.transport.kafka import KafkaConsumer, KafkaProducer
+from sidecar.transport.kafka import KafkaConsumer, KafkaProducer, translate_kafka_error
 from sidecar.transport.message import QueueMessage
 from sidecar.transport.topic_reader import read_topics
 from sidecar.transport.topics import DLQ_TOPIC, PARSE_TOPIC, VERDICTS_TOPIC, init_topics
@@ -291,3 +292,27 @@ async def test_a_mirror_run_as_the_wrong_principal_stops_with_one_line_and_acks_
     assert "Traceback" not in ran.stderr, ran.stderr
     # Stopped with every entry it read unacked: nothing lost, nothing dead-lettered.
     assert (await valkey_client.xpending(stream, group))["pending"] == 4
+
+
+@pytest.mark.parametrize(
+    ("error", "action", "acl"),
+    [
+        (kafka_errors.TopicAuthorizationFailedError("t"), "send to t", "WRITE on topic t"),
+        (kafka_errors.TopicAuthorizationFailedError({"b", "a"}), "fetch", "READ on topic a, b"),
+        (kafka_errors.TopicAuthorizationFailedError("t"), "read offsets", "DESCRIBE on topic t"),
+        (kafka_errors.TopicAuthorizationFailedError("t"), "create topics", "CREATE on topic t"),
+        (kafka_errors.GroupAuthorizationFailedError("g"), "commit 3 offsets", "READ on group g"),
+        (kafka_errors.GroupAuthorizationFailedError("g"), "describe the group g", "DESCRIBE on group g"),
+        (kafka_errors.ClusterAuthorizationFailedError(), "start a producer", "IDEMPOTENT_WRITE on the cluster (or WRITE on a topic)"),
+        (kafka_errors.ClusterAuthorizationFailedError(), "create topics", "CREATE on the cluster (or on the topics)"),
+    ],
+)  # fmt: skip
+def test_every_kind_of_refusal_names_the_operation_and_the_resource(
+    error: kafka_errors.KafkaError, action: str, acl: str
+) -> None:
+    translated = translate_kafka_error(error, action, "k:9094 as User:p")
+    assert isinstance(translated, AuthorizationError) and not translated.retriable
+    assert str(translated) == (
+        f"Kafka at k:9094 as User:p refused to let us {action}: no ACL allows {acl} "
+        f"({type(error).__name__.removesuffix('Error')}); see docs/security.md"
+    )
