@@ -19,6 +19,7 @@ _EXPORTS: dict[str, str] = {
     "ConfigError": "sidecar.errors",
     "ServiceUnavailableError": "sidecar.errors",
     "AuthenticationError": "sidecar.errors",
+    "AuthorizationError": "sidecar.errors",
     "MessageQueueError": "sidecar.errors",
     "RetriableMessageQueueError": "sidecar.errors",
     "MessageDecodeError": "sidecar.errors",
@@ -40,6 +41,7 @@ _EXPORTS: dict[str, str] = {
 __all__ = [
     "VERDICTS",
     "AuthenticationError",
+    "AuthorizationError",
     "ConfigError",
     "KafkaConsumer",
     "KafkaProducer",
@@ -68,6 +70,7 @@ if TYPE_CHECKING:
     from sidecar.config import Settings
     from sidecar.errors import (
         AuthenticationError,
+        AuthorizationError,
         ConfigError,
         MessageDecodeError,
         MessageQueueError,

@@ -40,6 +40,13 @@ class AuthenticationError(SidecarError):
     """The server refused our credentials; retrying with the same ones will not help."""
 
 
+class AuthorizationError(AuthenticationError):
+    """The server knows who we are but an ACL does not allow the operation: the message names
+    the principal, the operation and the resource to grant it on. A kind of refused login, so
+    that everything that stops on one stops on this too: the same principal never gets further
+    by trying again."""
+
+
 class MessageQueueError(SidecarError):
     """A produce, consume, ack or commit failed for a reason the server gave."""
 

@@ -1,11 +1,14 @@
 """Session-wide real Valkey and Kafka, started by the project's own local stack.
 
 They run on free ports under a temporary directory, so a developer's own `local-stack up`
-is never touched, and are stopped (by pid) when the session ends.
+is never touched, and are stopped (by pid) when the session ends. ``KAFKA_VERSION`` (``make
+test KAFKA_VERSION=3.9.1``) picks the Apache Kafka release of every broker the tests start.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import socket
 import tempfile
@@ -19,6 +22,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from sidecar.config import Settings
 from sidecar.dev.local_stack import LocalKafka, LocalStack, LocalValkey, StackConfig
+from sidecar.dev.local_stack.kafka import DEFAULT_KAFKA_VERSION
 from sidecar.errors import LocalStackError
 from tests.otlp_support import Collector, running_collector
 
@@ -31,7 +35,19 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def kafka_version() -> str:
+    """The Kafka release the tests run against: ``KAFKA_VERSION``, else the local stack's."""
+    version = os.environ.get("KAFKA_VERSION", "").strip() or DEFAULT_KAFKA_VERSION
+    if not re.fullmatch(r"\d+\.\d+\.\d+", version):
+        raise ValueError(f"KAFKA_VERSION: {version!r} is not a release such as 3.9.1")
+    return version
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
+    try:
+        version = kafka_version()
+    except ValueError as exc:
+        pytest.exit(str(exc), returncode=4)
     root = Path(tempfile.mkdtemp(prefix="sidecar-tests-"))
     stack = LocalStack(
         StackConfig(
@@ -39,6 +55,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             valkey_port=free_port(),
             kafka_port=free_port(),
             kafka_controller_port=free_port(),
+            kafka_version=version,
         )
     )
     session.config.stash[_STACK] = stack
@@ -118,7 +135,7 @@ async def make_topic(settings: Settings) -> AsyncIterator[Callable[[int], Awaita
 @pytest.fixture
 def own_broker(tmp_path: Path) -> Iterator[LocalKafka]:
     """A broker of this test's own: killing the session's would disturb other tests."""
-    broker = LocalKafka(tmp_path / "stack", free_port(), free_port())
+    broker = LocalKafka(tmp_path / "stack", free_port(), free_port(), kafka_version())
     broker.start()
     yield broker
     broker.stop()

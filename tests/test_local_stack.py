@@ -7,10 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import valkey
 
 from sidecar.dev.local_stack import LocalStack, LocalValkey
-from tests.conftest import free_port
+from sidecar.dev.local_stack.kafka import DEFAULT_KAFKA_VERSION
+from tests.conftest import free_port, kafka_version
 
 
 def test_up_is_idempotent_and_exports_the_settings(stack: LocalStack) -> None:
@@ -22,7 +24,7 @@ def test_up_is_idempotent_and_exports_the_settings(stack: LocalStack) -> None:
         f"export KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:{stack.config.kafka_port}\n"
     )
     assert all(service.answering for service in stack.status())
-    assert stack.kafka.running_version().startswith("4.")
+    assert stack.kafka.running_version() == kafka_version()
 
 
 def test_valkey_with_aof_keeps_data_across_kill_9(tmp_path: Path) -> None:
@@ -53,3 +55,15 @@ def test_down_never_signals_a_process_it_did_not_start(tmp_path: Path) -> None:
         stranger.kill()
         stranger.wait()
     assert os.path.isdir(tmp_path)
+
+
+def test_a_kafka_version_that_is_not_a_release_is_refused_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("KAFKA_VERSION", "4.x")
+    with pytest.raises(
+        ValueError, match=r"^KAFKA_VERSION: '4\.x' is not a release such as 3\.9\.1$"
+    ):
+        kafka_version()
+    monkeypatch.setenv("KAFKA_VERSION", "")
+    assert kafka_version() == DEFAULT_KAFKA_VERSION

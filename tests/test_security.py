@@ -32,7 +32,7 @@ from sidecar.transport.lag import stream_lag
 from sidecar.transport.message import encode_task
 from sidecar.transport.topics import init_topics
 from sidecar.verdicts.join import Arrival, EntryRef
-from tests.conftest import free_port
+from tests.conftest import free_port, kafka_version
 from tests.mirror_support import RAGFLOW_GROUP, ragflow_tasks, ragflow_worker, read_mirrored
 from tests.otlp_support import Collector
 from tests.shadow_support import read_verdicts, running_sidecar, sidecar_settings
@@ -45,7 +45,7 @@ COMMAND_TIMEOUT_S = 90
 def secured_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
     """A broker with a SASL_SSL listener; the session's broker is not restarted for it."""
     root = tmp_path_factory.mktemp("secured-kafka")
-    broker = LocalKafka(root, free_port(), free_port(), sasl_ssl_port=free_port())
+    broker = LocalKafka(root, free_port(), free_port(), kafka_version(), sasl_ssl_port=free_port())
     try:
         broker.start()
         yield broker

@@ -25,7 +25,7 @@ from sidecar.config import Settings
 from sidecar.observer.observer import RAGFLOW_GROUP
 from sidecar.text import as_text
 from sidecar.transport.admin import group_offsets, topic_partitions
-from sidecar.transport.kafka import translate_kafka_errors
+from sidecar.transport.kafka import kafka_where, translate_kafka_errors
 from sidecar.transport.lag import stream_lag
 from sidecar.transport.topics import DLQ_TOPIC, TASK_TOPICS
 from sidecar.transport.valkey_client import create_client, translate_valkey_errors
@@ -171,7 +171,7 @@ def _counts(raw: dict[Any, Any]) -> dict[str, int]:
 async def _kafka_side(
     settings: Settings, task_topics: Sequence[str], dlq_topic: str
 ) -> tuple[list[TopicStatus], int | None]:
-    where = ",".join(settings.kafka.bootstrap_servers)
+    where = kafka_where(settings.kafka)
     consumer = AIOKafkaConsumer(**settings.kafka.client_kwargs(), group_id=None)
     admin = AIOKafkaAdminClient(**settings.kafka.client_kwargs())
     try:

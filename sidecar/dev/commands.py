@@ -41,6 +41,11 @@ def stack_options(parser: argparse.ArgumentParser) -> None:
         "--secured", action="store_true", help="also a SASL_SSL (SCRAM-SHA-512) Kafka listener"
     )
     parser.add_argument("--kafka-sasl-ssl-port", type=int, default=defaults.kafka_sasl_ssl_port)
+    parser.add_argument(
+        "--kafka-version",
+        default=defaults.kafka_version,
+        help="Apache Kafka release to fetch and run, 3.9.x or 4.x (default %(default)s)",
+    )
 
 
 def _stack(args: argparse.Namespace) -> LocalStack:
@@ -53,6 +58,7 @@ def _stack(args: argparse.Namespace) -> LocalStack:
             valkey_aof=args.aof,
             kafka_secured=args.secured,
             kafka_sasl_ssl_port=args.kafka_sasl_ssl_port,
+            kafka_version=args.kafka_version,
         )
     )
 

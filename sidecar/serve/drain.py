@@ -39,7 +39,12 @@ from sidecar.config.routing import RouteTable
 from sidecar.errors import MessageQueueError, SidecarError
 from sidecar.transport.admin import topic_partitions
 from sidecar.transport.dead_letter import dead_letter
-from sidecar.transport.kafka import KafkaConsumer, KafkaProducer, translate_kafka_errors
+from sidecar.transport.kafka import (
+    KafkaConsumer,
+    KafkaProducer,
+    kafka_where,
+    translate_kafka_errors,
+)
 from sidecar.transport.message import QueueMessage
 from sidecar.transport.redis_streams import MESSAGE_FIELD
 from sidecar.transport.served import is_served, served_queue, target_stream
@@ -119,7 +124,7 @@ async def drain_to_redis(
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    where = ",".join(settings.kafka.bootstrap_servers)
+    where = kafka_where(settings.kafka)
     group = settings.kafka.consumer_group
     wanted = RouteTable(settings.mirror.routes).ordered_topics()
     report = DrainReport(group)
@@ -228,9 +233,7 @@ class _Drain:
         """Refuse unless this run holds every partition and is the group's only member: an
         executor that joined between the first check and our join would get records too."""
         group = self._report.group
-        members = await group_members(
-            admin, group, ",".join(self._settings.kafka.bootstrap_servers)
-        )
+        members = await group_members(admin, group, kafka_where(self._settings.kafka))
         held = set(await consumer.positions())
         if len(members) > 1 or held != self._partitions:
             raise DrainRefused(

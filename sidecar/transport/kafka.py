@@ -37,6 +37,7 @@ __all__ = [
     "KafkaConsumer",
     "KafkaProducer",
     "check_login",
+    "kafka_where",
     "stop_consumer",
     "translate_kafka_error",
     "translate_kafka_errors",

@@ -11,6 +11,7 @@ from aiokafka.conn import create_conn
 
 from sidecar.errors import (
     AuthenticationError,
+    AuthorizationError,
     MessageQueueError,
     MessageTooLargeError,
     ProducerStateLostError,
@@ -20,18 +21,60 @@ from sidecar.errors import (
 )
 from sidecar.transport.options import KafkaSettings
 
+# What an action needs on a topic, by the first word(s) of the action's name; READ otherwise.
+_TOPIC_OPERATIONS = (
+    ("send", "WRITE"), ("create", "CREATE"), ("describe", "DESCRIBE"),
+    ("read positions", "DESCRIBE"), ("read end offsets", "DESCRIBE"),
+    ("read topic metadata", "DESCRIBE"), ("read the offsets", "DESCRIBE"),
+    ("read offsets", "DESCRIBE"),
+)  # fmt: skip
+
+
+def _acl_needed(exc: kafka_errors.KafkaError, action: str) -> str:
+    """The ACL an authorization error says is missing: operation and resource, as
+    ``kafka-acls.sh`` names them (aiokafka's error carries the topics or the group)."""
+    names = [
+        str(name)
+        for arg in exc.args
+        for name in (sorted(arg) if isinstance(arg, set | frozenset | list | tuple) else [arg])
+        if name
+    ]
+    resource = ", ".join(names)
+    if isinstance(exc, kafka_errors.GroupAuthorizationFailedError):
+        operation = "DESCRIBE" if action.startswith(("describe", "read")) else "READ"
+        return f"{operation} on group {resource or '(the consumer group)'}"
+    if isinstance(exc, kafka_errors.ClusterAuthorizationFailedError):
+        if action.startswith("create"):
+            return "CREATE on the cluster (or on the topics)"
+        if action.startswith(("send", "start a producer")):
+            # An idempotent producer's id: WRITE on any topic grants it since Kafka 3.0.
+            return "IDEMPOTENT_WRITE on the cluster (or WRITE on a topic)"
+        return f"what it takes to {action} on the cluster"
+    operation = next((op for prefix, op in _TOPIC_OPERATIONS if action.startswith(prefix)), "READ")
+    return f"{operation} on topic {resource or '(the topic)'}"
+
 
 def translate_kafka_error(exc: BaseException, action: str, where: str) -> SidecarError:
     """The sidecar's error for an aiokafka exception."""
     if isinstance(
         exc,
+        kafka_errors.TopicAuthorizationFailedError
+        | kafka_errors.GroupAuthorizationFailedError
+        | kafka_errors.ClusterAuthorizationFailedError,
+    ):
+        # Kafka says only that the principal is not authorized; the ACL it lacks is ours to
+        # name, or the operator is left to guess from the broker's authorizer log.
+        return AuthorizationError(
+            f"Kafka at {where} refused to let us {action}: no ACL allows "
+            f"{_acl_needed(exc, action)} ({type(exc).__name__.removesuffix('Error')}); "
+            "see docs/security.md"
+        )
+    if isinstance(
+        exc,
         kafka_errors.AuthenticationFailedError
         | kafka_errors.SaslAuthenticationFailed
         | kafka_errors.UnsupportedSaslMechanismError
-        | kafka_errors.AuthenticationMethodNotSupported
-        | kafka_errors.TopicAuthorizationFailedError
-        | kafka_errors.GroupAuthorizationFailedError
-        | kafka_errors.ClusterAuthorizationFailedError,
+        | kafka_errors.AuthenticationMethodNotSupported,
     ):
         return AuthenticationError(f"Kafka at {where} refused to let us {action}: {exc}")
     if isinstance(exc, kafka_errors.KafkaConnectionError):
@@ -68,8 +111,12 @@ def translate_kafka_errors(action: str, where: str) -> Iterator[None]:
 
 
 def kafka_where(settings: KafkaSettings) -> str:
-    """The bootstrap servers, as named in errors."""
-    return ",".join(settings.bootstrap_servers)
+    """The bootstrap servers, as named in errors, with the principal we log in as (SASL), whom
+    an ACL error concerns."""
+    servers = ",".join(settings.bootstrap_servers)
+    if settings.security_protocol.startswith("SASL_") and settings.sasl_username:
+        return f"{servers} as User:{settings.sasl_username}"
+    return servers
 
 
 async def check_login(settings: KafkaSettings) -> None:

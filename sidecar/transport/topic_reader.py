@@ -18,7 +18,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from sidecar.errors import MessageQueueError
 from sidecar.transport.admin import topic_partitions
-from sidecar.transport.kafka import stop_consumer, translate_kafka_errors
+from sidecar.transport.kafka import kafka_where, stop_consumer, translate_kafka_errors
 from sidecar.transport.options import KafkaSettings
 
 logger = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ async def read_topics(
     not exist raises, unless ``require_all`` is false (then it is listed in ``absent_topics``).
     """
     outcome = TopicReadOutcome()
-    where = ",".join(settings.bootstrap_servers)
+    where = kafka_where(settings)
     consumer = AIOKafkaConsumer(
         **settings.client_kwargs(),
         group_id=None,
@@ -77,9 +77,11 @@ async def read_topics(
         existing = await topic_partitions(admin, where)
         outcome.absent_topics = [topic for topic in topics if not existing.get(topic)]
         if outcome.absent_topics and require_all:
+            # Kafka leaves out of the metadata what the principal may not DESCRIBE.
+            hidden = " or no ACL allows DESCRIBE on it" if settings.sasl_username else ""
             raise MessageQueueError(
-                f"topic {', '.join(outcome.absent_topics)} does not exist in Kafka at {where} "
-                "(run init-topics)"
+                f"topic {', '.join(outcome.absent_topics)} does not exist in Kafka at {where}"
+                f"{hidden} (run init-topics; see docs/security.md)"
             )
         tps = [TopicPartition(t, p) for t in topics if existing.get(t) for p in existing[t]]
         if not tps:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from sidecar.errors import MessageQueueError
-from sidecar.transport.kafka import translate_kafka_errors
+from sidecar.transport.kafka import kafka_where, translate_kafka_errors
 from sidecar.transport.options import KafkaSettings
 
 PARSE_TOPIC = "ragflow.task.parse"
@@ -74,7 +74,7 @@ async def init_topics(
     """Create the topics of ``plan`` that are missing; report, never alter, existing ones."""
     plan = TOPIC_PLAN if plan is None else plan
     replication = replication_factor or settings.replication_factor
-    where = ",".join(settings.bootstrap_servers)
+    where = kafka_where(settings)
     report = TopicReport()
     admin = AIOKafkaAdminClient(**settings.client_kwargs())
     try:
@@ -137,7 +137,7 @@ async def _describe(
 
 async def missing_topics(settings: KafkaSettings, names: list[str]) -> list[str]:
     """Which of ``names`` do not exist (the broker never auto-creates them)."""
-    where = ",".join(settings.bootstrap_servers)
+    where = kafka_where(settings)
     admin = AIOKafkaAdminClient(**settings.client_kwargs())
     try:
         with translate_kafka_errors("connect the admin client", where):

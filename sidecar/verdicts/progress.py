@@ -21,7 +21,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from sidecar.lifecycle import Lifecycle
 from sidecar.transport.admin import group_offsets, topic_partitions
-from sidecar.transport.kafka import stop_consumer, translate_kafka_errors
+from sidecar.transport.kafka import kafka_where, stop_consumer, translate_kafka_errors
 from sidecar.transport.options import KafkaSettings
 
 logger = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ class ShadowProgress(Lifecycle):
         self._settings = settings
         self._group = group
         self._topics = sorted(topics)
-        self._where = ",".join(settings.bootstrap_servers)
+        self._where = kafka_where(settings)
         self._samples: deque[tuple[int, dict[TopicPartition, int]]] = deque(maxlen=MAX_SAMPLES)
         self._admin: AIOKafkaAdminClient | None = None
         self._partitions: list[TopicPartition] = []

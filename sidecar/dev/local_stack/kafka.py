@@ -7,7 +7,10 @@ The data directory is formatted on first start only, so the broker survives a st
 
 With ``sasl_ssl_port``, the broker also listens there with SASL_SSL: TLS with a throwaway
 certificate (:mod:`sidecar.dev.local_stack.tls`, made afresh at each start) and SCRAM-SHA-512 for
-one user, created when the storage is formatted. The PLAINTEXT listener stays, for the tooling.
+one user (more with ``principals``), created when the storage is formatted. The PLAINTEXT
+listener stays, for the tooling. With ``authorizer``, KRaft's ``StandardAuthorizer`` enforces ACLs
+on the SASL_SSL listener; the PLAINTEXT listener's ``User:ANONYMOUS`` (the tooling, and the
+broker's own requests to its controller) is the super user.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ POM = Path(__file__).with_name("pom.xml")
 MIN_JAVA = 17
 SCRAM_MECHANISM = "SCRAM-SHA-512"
 SCRAM_USERNAME = "ragflow-sidecar"
+STANDARD_AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 
 
 def cache_root() -> Path:
@@ -120,6 +124,8 @@ class LocalKafka:
         heap_mb: int = 768,
         *,
         sasl_ssl_port: int | None = None,
+        principals: tuple[str, ...] = (),
+        authorizer: bool = False,
     ) -> None:
         self.root = root
         self.port = port
@@ -133,6 +139,11 @@ class LocalKafka:
         self.process = ManagedProcess("kafka", root / "kafka.pid", root / "logs" / "kafka.out")
         self.tls: TlsFiles = tls_files(self.home / "tls")
         self.sasl_username = SCRAM_USERNAME
+        # SCRAM users besides the sidecar's, e.g. one per component for ACLs.
+        self.principals = principals
+        self.authorizer = authorizer
+        if (principals or authorizer) and sasl_ssl_port is None:
+            raise LocalStackError("SCRAM principals and ACLs need the SASL_SSL listener")
         # Written when the storage is formatted with the SCRAM user, readable by us only.
         self.sasl_password_file = self.home / "sasl-password"
 
@@ -147,21 +158,30 @@ class LocalKafka:
             raise LocalStackError("this broker was configured without a SASL_SSL listener")
         return f"127.0.0.1:{self.sasl_ssl_port}"
 
-    def sasl_password(self) -> str:
-        """The SCRAM user's password, made when the storage was formatted."""
-        try:
-            return self.sasl_password_file.read_text().strip()
-        except OSError as exc:
-            raise LocalStackError(f"no SCRAM password at {self.sasl_password_file}") from exc
+    def _password_file(self, user: str) -> Path:
+        if user == self.sasl_username:
+            return self.sasl_password_file
+        return self.home / f"sasl-password-{user}"
 
-    def secured_client_env(self) -> dict[str, str]:
-        """The sidecar's variables for the SASL_SSL listener (the password included)."""
+    def sasl_password(self, user: str | None = None) -> str:
+        """A SCRAM user's password (the sidecar's by default), made when the storage was
+        formatted."""
+        path = self._password_file(user or self.sasl_username)
+        try:
+            return path.read_text().strip()
+        except OSError as exc:
+            raise LocalStackError(f"no SCRAM password at {path}") from exc
+
+    def secured_client_env(self, user: str | None = None) -> dict[str, str]:
+        """The variables for the SASL_SSL listener as ``user`` (the sidecar's by default), the
+        password included."""
+        user = user or self.sasl_username
         return {
             "KAFKA_BOOTSTRAP_SERVERS": self.secured_bootstrap_servers,
             "KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
             "KAFKA_SASL_MECHANISM": SCRAM_MECHANISM,
-            "KAFKA_SASL_USERNAME": self.sasl_username,
-            "KAFKA_SASL_PASSWORD": self.sasl_password(),
+            "KAFKA_SASL_USERNAME": user,
+            "KAFKA_SASL_PASSWORD": self.sasl_password(user),
             "KAFKA_SSL_CAFILE": str(self.tls.ca_file),
         }
 
@@ -196,15 +216,13 @@ class LocalKafka:
     def _format(self, java: str, classpath: str) -> None:
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
         scram: list[str] = []
-        if self.sasl_ssl_port is not None:
+        users = (self.sasl_username, *self.principals) if self.sasl_ssl_port is not None else ()
+        for user in users:
             # URL-safe characters only: the tool's [name=...,password=...] syntax has no quoting.
             password = secrets.token_urlsafe(24)
-            self.sasl_password_file.touch(mode=0o600)
-            self.sasl_password_file.write_text(password + "\n")
-            scram = [
-                "--add-scram",
-                f"{SCRAM_MECHANISM}=[name={self.sasl_username},password={password}]",
-            ]
+            self._password_file(user).touch(mode=0o600)
+            self._password_file(user).write_text(password + "\n")
+            scram += ["--add-scram", f"{SCRAM_MECHANISM}=[name={user},password={password}]"]
         result = subprocess.run(
             [
                 java, "-Xmx256m", f"-Dlog4j2.configurationFile={self.home / 'log4j2.properties'}",
@@ -216,7 +234,8 @@ class LocalKafka:
             capture_output=True, text=True, check=False,
         )  # fmt: skip
         if result.returncode != 0:
-            self.sasl_password_file.unlink(missing_ok=True)
+            for user in users:
+                self._password_file(user).unlink(missing_ok=True)
             raise LocalStackError(f"kafka storage format failed: {result.stderr.strip()[-800:]}")
 
     def _write_config(self) -> None:
@@ -225,6 +244,9 @@ class LocalKafka:
         properties = {
             "process.roles": "broker,controller",
             "node.id": "1",
+            # A static voter set rather than 4.x's dynamic quorum (format --standalone): 3.9.x
+            # and 4.x format and start alike from this file (the share.coordinator settings
+            # below are 4.x's; 3.9 ignores them).
             "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
             "listeners": (
                 f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}"
@@ -288,6 +310,11 @@ class LocalKafka:
             f"{prefix}ssl.keystore.type": "PEM",
             f"{prefix}ssl.keystore.location": str(self.tls.keystore),
             f"{prefix}ssl.client.auth": "none",
+            **(
+                {"authorizer.class.name": STANDARD_AUTHORIZER, "super.users": "User:ANONYMOUS"}
+                if self.authorizer
+                else {}
+            ),
         }
 
     def wait_ready(self, timeout_s: float) -> None:
