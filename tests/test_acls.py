@@ -226,7 +226,7 @@ async def join(settings: Settings, topic: str, group: str) -> None:
 
 # principal, what it tries, the ACL named in the refusal
 REFUSALS = [
-    (MIRROR, "send", VERDICTS_TOPIC, None, f"WRITE on topic {VERDICTS_TOPIC}"),
+    (MIRROR, "join", PARSE_TOPIC, EXECUTOR_GROUP, f"READ on group {EXECUTOR_GROUP}"),
     (MIRROR, "join", PARSE_TOPIC, SHADOW_GROUP, f"READ on group {SHADOW_GROUP}"),
     (SHADOW, "send", PARSE_TOPIC, None, f"WRITE on topic {PARSE_TOPIC}"),
     (SHADOW, "join", PARSE_TOPIC, EXECUTOR_GROUP, f"READ on group {EXECUTOR_GROUP}"),
@@ -263,12 +263,12 @@ async def test_each_principal_is_refused_the_rest_naming_the_missing_acl(
 async def test_a_topic_hidden_by_the_acls_is_not_only_called_missing(
     settings: Settings, acl_broker: LocalKafka
 ) -> None:
-    mirror = as_principal(settings, acl_broker, MIRROR)
+    executors = as_principal(settings, acl_broker, MQ)
     with pytest.raises(MessageQueueError) as hidden:
-        await read_topics(mirror.kafka, [VERDICTS_TOPIC], lambda *record: None)
+        await read_topics(executors.kafka, [VERDICTS_TOPIC], lambda *record: None)
     assert str(hidden.value).startswith(
         f"topic {VERDICTS_TOPIC} does not exist in Kafka at {acl_broker.secured_bootstrap_servers}"
-        f" as User:{MIRROR} or no ACL allows DESCRIBE on it (run init-topics;"
+        f" as User:{MQ} or no ACL allows DESCRIBE on it (run init-topics;"
     ), str(hidden.value)
 
 
