@@ -40,6 +40,9 @@ TOPIC_PLAN: dict[str, int] = {
 
 _UNKNOWN_TOPIC = 3
 _TOPIC_EXISTS = 36
+# With three replicas or more, a write is acknowledged once two hold it (acks=all): one broker
+# may die without losing it, and one may be down without stopping writes.
+MIN_INSYNC_REPLICAS = 2
 
 
 @dataclass
@@ -71,7 +74,11 @@ async def init_topics(
     plan: dict[str, int] | None = None,
     replication_factor: int | None = None,
 ) -> TopicReport:
-    """Create the topics of ``plan`` that are missing; report, never alter, existing ones."""
+    """Create the topics of ``plan`` that are missing; report, never alter, existing ones.
+
+    With a replication factor of 3 or more the topics are made with ``min.insync.replicas``
+    2; a factor above the brokers the cluster has now is refused before anything is made.
+    """
     plan = TOPIC_PLAN if plan is None else plan
     replication = replication_factor or settings.replication_factor
     where = ",".join(settings.bootstrap_servers)
@@ -80,9 +87,22 @@ async def init_topics(
     try:
         with translate_kafka_errors("connect the admin client", where):
             await admin.start()
+        with translate_kafka_errors("describe the cluster", where):
+            brokers = len((await admin.describe_cluster())["brokers"])
+        if replication > brokers:
+            raise MessageQueueError(
+                f"replication factor {replication} is more than the {brokers} live "
+                f"broker{'s' if brokers != 1 else ''} of the cluster at {where}: start the "
+                "missing brokers, or ask for a replication factor they can hold"
+            )
+        configs = {}
+        if replication >= 3:
+            configs["min.insync.replicas"] = str(MIN_INSYNC_REPLICAS)
         missing = await _describe(admin, where, plan, list(plan), report)
         if missing:
-            new = [NewTopic(name, plan[name], replication) for name in missing]
+            new = [
+                NewTopic(name, plan[name], replication, topic_configs=configs) for name in missing
+            ]
             with translate_kafka_errors("create topics", where):
                 response = await admin.create_topics(new)
             raced = []

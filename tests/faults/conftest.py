@@ -1,14 +1,71 @@
-"""The fault suite: marked ``faults``, and a table of every fault's accounting at the end."""
+"""The fault suite: marked ``faults``, and a table of every fault's accounting at the end.
+
+The cluster rows (``test_cluster_*``) share one three-broker cluster, started the first time a
+test asks for it and stopped (by pid) when the fault suite's package is done.
+"""
 
 from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import valkey.asyncio as avalkey
 
 from sidecar.config import Settings
-from tests.faults.support import FaultRow, Share
+from sidecar.dev.local_stack.broker_faults import BrokerFaults
+from sidecar.dev.local_stack.cluster import CLUSTER_SIZE, LocalCluster
+from sidecar.errors import LocalStackError
+from sidecar.transport.topics import TOPIC_PLAN, init_topics
+from tests.conftest import free_port
+from tests.faults.support import FaultRow, Share, valkey_url
 
 _ROWS = pytest.StashKey[list[FaultRow]]()
+
+
+@pytest.fixture(scope="package")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """Three combined broker+controller nodes on free ports, for this package's tests."""
+    root = tmp_path_factory.mktemp("cluster")
+    ports = [(free_port(), free_port()) for _ in range(CLUSTER_SIZE)]
+    cluster = LocalCluster(root, ports)
+    try:
+        cluster.start()
+    except LocalStackError as exc:
+        cluster.stop()
+        pytest.fail(f"the three-broker cluster did not start: {exc}")
+    yield cluster
+    cluster.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="package")
+async def cluster_settings(settings: Settings, cluster: LocalCluster) -> Settings:
+    """The session's Valkey and the cluster, its topics made by init-topics with three
+    replicas (so ``min.insync.replicas`` 2)."""
+    on_cluster = Settings.from_env(
+        {
+            "REDIS_URL": valkey_url(settings),
+            "KAFKA_BOOTSTRAP_SERVERS": cluster.bootstrap_servers,
+            "KAFKA_LINGER_MS": "1",
+            "KAFKA_REPLICATION_FACTOR": "3",
+        }
+    )
+    await init_topics(on_cluster.kafka, replication_factor=3)
+    return on_cluster
+
+
+@pytest.fixture
+async def brokers(cluster: LocalCluster, cluster_settings: Settings) -> AsyncIterator[BrokerFaults]:
+    """The fault harness on the cluster; every node running and every seed topic fully
+    replicated before and after the test (a failed test leaves no node down)."""
+    faults = BrokerFaults(cluster)
+    await faults.wait_replicated(list(TOPIC_PLAN))
+    try:
+        yield faults
+    finally:
+        faults.heal()
+        await faults.wait_replicated(list(TOPIC_PLAN))
 
 
 @pytest.fixture
