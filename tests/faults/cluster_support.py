@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import valkey.asyncio as avalkey
+from aiokafka.admin import AIOKafkaAdminClient
 
 from sidecar.config import Settings
 from sidecar.dev.local_stack.broker_faults import BrokerFaults
@@ -165,3 +166,16 @@ async def busiest_leader(brokers: BrokerFaults) -> tuple[str, int, int]:
     """The task partition holding the most records, and the node leading it."""
     topic, partition = await brokers.busiest_partition(list(TASK_TOPICS))
     return topic, partition, await brokers.leader_of(topic, partition)
+
+
+async def committed_offsets(brokers: BrokerFaults, group: str) -> int:
+    """The sum of ``group``'s committed offsets (-1 when the coordinator cannot say now)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=brokers.cluster.bootstrap_servers)
+    try:
+        await admin.start()
+        offsets = await admin.list_consumer_group_offsets(group)
+    except Exception:  # the coordinator is moving: "not now"
+        return -1
+    finally:
+        await admin.close()
+    return sum(meta.offset for meta in offsets.values())

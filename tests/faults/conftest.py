@@ -1,11 +1,13 @@
 """The fault suite: marked ``faults``, and a table of every fault's accounting at the end.
 
-The cluster rows (``test_cluster_*``) share one three-broker cluster, started the first time a
-test asks for it and stopped (by pid) when the fault suite's package is done.
+The cluster rows (``test_cluster_*``, also marked ``cluster``: ``pytest -m cluster`` runs them
+alone) share one three-broker cluster, started the first time a test asks for it and stopped (by
+pid) when the fault suite's package is done.
 """
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from collections.abc import AsyncIterator, Iterator
 
@@ -64,7 +66,7 @@ async def brokers(cluster: LocalCluster, cluster_settings: Settings) -> AsyncIte
     try:
         yield faults
     finally:
-        faults.heal()
+        await asyncio.to_thread(faults.heal)
         await faults.wait_replicated(list(TOPIC_PLAN))
 
 
@@ -87,7 +89,9 @@ def pytest_terminal_summary(
     if not rows:
         return
     terminalreporter.section("fault suite")
-    header = ("fault", "written", "missing", "duplicates", "recover s", "note")
+    # Acknowledged: XADDs RAGFlow got an id for (or enqueues that returned True); lost: those
+    # not in Kafka (or never executed); duplicates: copies (or executions) beyond the first.
+    header = ("fault", "acknowledged", "lost", "duplicates", "recover s", "note")
     cells = [
         (r.fault, str(r.written), str(r.missing), str(r.duplicates), f"{r.recover_s:.1f}", r.note)
         for r in rows
