@@ -53,10 +53,12 @@ class TopicReport:
     existed: list[str] = field(default_factory=list)
     # (topic, partitions it has, partitions the plan wants)
     under_partitioned: list[tuple[str, int, int]] = field(default_factory=list)
+    # (topic, fewest replicas of its partitions, the replication factor asked for)
+    under_replicated: list[tuple[str, int, int]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.under_partitioned
+        return not self.under_partitioned and not self.under_replicated
 
     def lines(self) -> list[str]:
         out = [f"created {name}" for name in self.created]
@@ -65,6 +67,12 @@ class TopicReport:
             f"PROBLEM {name} has {have} partitions, the plan wants {want}; "
             "add partitions by hand (kafka-topics --alter) after reading what it does to key order"
             for name, have, want in self.under_partitioned
+        ]
+        out += [
+            f"PROBLEM {name} has {have} replica{'s' if have != 1 else ''} per partition, "
+            f"{want} were asked for; raise it by hand (kafka-reassign-partitions) and set "
+            f"min.insync.replicas={MIN_INSYNC_REPLICAS} (kafka-configs --alter)"
+            for name, have, want in self.under_replicated
         ]
         return out
 
@@ -98,7 +106,7 @@ async def init_topics(
         configs = {}
         if replication >= 3:
             configs["min.insync.replicas"] = str(MIN_INSYNC_REPLICAS)
-        missing = await _describe(admin, where, plan, list(plan), report)
+        missing = await _describe(admin, where, plan, list(plan), report, replication=replication)
         if missing:
             new = [
                 NewTopic(name, plan[name], replication, topic_configs=configs) for name in missing
@@ -122,7 +130,7 @@ async def init_topics(
                 if not raced:
                     break
                 await asyncio.sleep(0.25)
-                raced = await _describe(admin, where, plan, raced, report)
+                raced = await _describe(admin, where, plan, raced, report, replication=replication)
             if raced:
                 raise MessageQueueError(f"{', '.join(raced)} exist but cannot be described")
     finally:
@@ -136,8 +144,11 @@ async def _describe(
     plan: dict[str, int],
     names: list[str],
     report: TopicReport,
+    *,
+    replication: int,
 ) -> list[str]:
-    """Record which of ``names`` exist (and whether they are short); return the missing ones."""
+    """Record which of ``names`` exist (and whether they have fewer partitions or replicas than
+    asked); return the missing ones."""
     with translate_kafka_errors("describe topics", where):
         described = await admin.describe_topics(names)
     missing = []
@@ -152,6 +163,9 @@ async def _describe(
         report.existed.append(name)
         if have < plan[name]:
             report.under_partitioned.append((name, have, plan[name]))
+        replicas = min((len(p["replicas"]) for p in topic["partitions"]), default=replication)
+        if replicas < replication:
+            report.under_replicated.append((name, replicas, replication))
     return missing
 
 

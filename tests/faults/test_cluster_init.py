@@ -20,6 +20,7 @@ from sidecar.dev.local_stack.broker_faults import BrokerFaults
 from sidecar.errors import MessageQueueError
 from sidecar.transport.topics import TOPIC_PLAN, init_topics
 from tests.conftest import free_port
+from tests.faults.support import wait_until
 from tests.test_cli import run_cli
 
 pytestmark = [pytest.mark.faults, pytest.mark.cluster, pytest.mark.timeout(300)]
@@ -31,21 +32,29 @@ async def test_init_topics_makes_three_replicas_with_two_in_sync_required(
     states = await brokers.partitions(list(TOPIC_PLAN))
     assert len(states) == sum(TOPIC_PLAN.values())
     assert {len(state.replicas) for state in states.values()} == {3}
-    admin = AIOKafkaAdminClient(**cluster_settings.kafka.client_kwargs())
-    await admin.start()
-    try:
-        described = await admin.describe_configs(
-            [ConfigResource(ConfigResourceType.TOPIC, name) for name in TOPIC_PLAN]
-        )
-    finally:
-        await admin.close()
-    min_isr = {
-        resource[3]: value
-        for response in described
-        for resource in response.resources
-        for name, value, *_ in resource[4]
-        if name == "min.insync.replicas"
-    }
+    min_isr: dict[str, str] = {}
+
+    async def configured() -> bool:
+        # Asked of any broker: one whose metadata trails the topics' creation has no configs.
+        nonlocal min_isr
+        admin = AIOKafkaAdminClient(**cluster_settings.kafka.client_kwargs())
+        await admin.start()
+        try:
+            described = await admin.describe_configs(
+                [ConfigResource(ConfigResourceType.TOPIC, name) for name in TOPIC_PLAN]
+            )
+        finally:
+            await admin.close()
+        min_isr = {
+            resource[3]: value
+            for response in described
+            for resource in response.resources
+            for name, value, *_ in resource[4]
+            if name == "min.insync.replicas"
+        }
+        return len(min_isr) == len(TOPIC_PLAN)
+
+    await wait_until(configured, "every topic's configs", 30, 0.5)
     assert min_isr == dict.fromkeys(TOPIC_PLAN, "2")
 
 
@@ -73,6 +82,23 @@ async def test_a_replication_factor_above_the_live_brokers_is_refused(
     finally:
         await admin.close()
     assert described["error_code"] == 3, "nothing is made"  # UNKNOWN_TOPIC_OR_PARTITION
+
+
+async def test_an_existing_topic_with_fewer_replicas_is_reported_never_altered(
+    cluster_settings: Settings, brokers: BrokerFaults
+) -> None:
+    name = f"test.rf.{uuid.uuid4().hex[:8]}"
+    first = await init_topics(cluster_settings.kafka, plan={name: 2}, replication_factor=1)
+    assert first.ok and first.created == [name]
+    report = await init_topics(cluster_settings.kafka, plan={name: 2}, replication_factor=3)
+    assert not report.ok
+    assert report.under_replicated == [(name, 1, 3)]
+    assert any(
+        line.startswith(f"PROBLEM {name} has 1 replica per partition, 3 were asked for")
+        for line in report.lines()
+    ), report.lines()
+    states = await brokers.partitions([name])
+    assert {len(state.replicas) for state in states.values()} == {1}  # reported, never altered
 
 
 def _free_base() -> int:
