@@ -143,3 +143,13 @@ def test_local_stack_up_brokers_3_and_down(tmp_path: Path) -> None:
         "kafka-1", "kafka-2", "kafka-3", "valkey",
     }  # fmt: skip
     assert not LocalStack.from_state(root).cluster.running()  # type: ignore[union-attr]
+
+
+def test_the_cluster_refuses_what_it_cannot_be(tmp_path: Path) -> None:
+    secured = run_cli("local-stack", "up", "--brokers", "3", "--secured", "--dir", str(tmp_path))
+    assert secured.returncode == 2
+    assert "--secured runs on the single broker, not --brokers 3" in secured.stderr
+    two = run_cli("local-stack", "up", "--brokers", "2", "--dir", str(tmp_path))
+    assert two.returncode == 2
+    assert "invalid choice: 2 (choose from 1, 3)" in two.stderr
+    assert not any(tmp_path.iterdir()), "nothing was started or written"
