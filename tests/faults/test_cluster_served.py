@@ -71,6 +71,19 @@ async def _serve_through(
     return produced, await world.executed(client), note
 
 
+async def served_since(
+    world: ServeWorld, client: avalkey.Valkey, moment: float, count: int
+) -> None:
+    """Wait until ``count`` tasks started from Kafka after ``moment`` (monotonic, the clock the
+    executors record)."""
+
+    async def enough() -> bool:
+        records = await world.executed(client)
+        return sum(":" in str(r["msg_id"]) and r["t"] > moment for r in records) >= count
+
+    await wait_until(enough, 120, interval_s=0.25, what=f"{count} tasks served from Kafka")
+
+
 def _row(
     fault: str, produced: list[dict[str, Any]], records: list[dict[str, Any]], note: str
 ) -> FaultRow:
@@ -101,15 +114,6 @@ async def test_executors_group_coordinator_killed_with_9(
         SERVE_BREAKER_OPEN_S="2",
     )  # fmt: skip
 
-    async def served_since(moment: float, count: int) -> None:
-        """Wait until ``count`` tasks started from Kafka after ``moment`` (monotonic)."""
-
-        async def enough() -> bool:
-            records = await world.executed(valkey_client)
-            return sum(":" in str(r["msg_id"]) and r["t"] > moment for r in records) >= count
-
-        await wait_until(enough, 120, interval_s=0.25, what=f"{count} tasks served from Kafka")
-
     async def hit(queued: Callable[[int], Awaitable[None]]) -> str:
         coordinator = await brokers.coordinator_of(world.group)
         await asyncio.to_thread(brokers.kill, coordinator)
@@ -118,10 +122,10 @@ async def test_executors_group_coordinator_killed_with_9(
         # The group goes on under its new coordinator: tasks served from Kafka again (the
         # dead node also led task partitions: produces to them time out, and the breaker sends
         # tasks to Redis until the controller fences it and a probe succeeds).
-        await served_since(time.monotonic(), 2 * RATE)
+        await served_since(world, valkey_client, time.monotonic(), 2 * RATE)
         serving_s = time.monotonic() - killed
         await asyncio.to_thread(brokers.start, coordinator)
-        await served_since(time.monotonic(), RATE)
+        await served_since(world, valkey_client, time.monotonic(), RATE)
         return (
             f"coordinator node {coordinator} killed, node {moved_to} took over, "
             f"{2 * RATE} tasks served from Kafka {serving_s:.0f} s after the kill"
@@ -164,13 +168,16 @@ async def test_two_of_three_brokers_down_then_back(
         await asyncio.to_thread(brokers.start, down[0])
         answered = time.monotonic() - began
         marks["back"] = queued_now()
-        # The breaker's open time and the returning replica's catch-up into the ISR.
-        await queued(marks["back"] + 6 * RATE)
+        # Two brokers again: tasks are served from Kafka once the returning replica is back
+        # in the ISR and the breaker lets a probe through.
+        await served_since(world, valkey_client, time.monotonic(), 2 * RATE)
+        resumed = time.monotonic() - began
         await asyncio.to_thread(brokers.start, down[1])
-        await queued(queued_now() + 2 * RATE)
+        await brokers.wait_replicated([f"{unique}.tasks", f"{unique}.tasks.priority"])
         return (
             f"nodes {down} killed -9 after task {marks['down']}, node {down[0]} started after "
-            f"8 s ({answered:.0f} s to answer), node {down[1]} 6 s later"
+            f"8 s ({answered:.0f} s to answer, served from Kafka again {resumed:.0f} s after "
+            f"its start), node {down[1]} after that"
         )
 
     produced, records, note = await _serve_through(world, valkey_client, 100 * RATE, hit)
@@ -183,7 +190,9 @@ async def test_two_of_three_brokers_down_then_back(
     order = [str(p["task_id"]) for p in produced]
     assert {path_of[t] for t in order[: marks["down"] - 5]} == {"kafka"}, "before the fault"
     assert "redis" in {path_of[t] for t in order[marks["down"] : marks["back"]]}, "meanwhile"
-    assert {path_of[t] for t in order[-RATE // 2 :]} == {"kafka"}, "not back on Kafka after it"
+    # (Back on Kafka: the hit waited for tasks served from it. The very last ones may be on
+    # Redis: a broker returning takes its preferred leaderships back, and an enqueue caught in
+    # that move may overrun the bound and open the breaker; docs/operations.md.)
     # Every task acknowledged by Kafka is in Kafka (none lost with the two brokers' data).
     in_kafka: set[str] = set()
 
