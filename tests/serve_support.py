@@ -17,6 +17,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from sidecar.config import Settings
 from sidecar.config.routing import DEFAULT_ROUTES, PRIORITY_PARSE
 from sidecar.dev.local_stack import LocalStack
+from sidecar.transport.topics import MIN_INSYNC_REPLICAS
 from tests.faults.support import SidecarProcess, sidecar_env
 from tests.ragflow_support import StandinProcess, executions, standin_env, wait_until
 
@@ -187,10 +188,16 @@ class ServeWorld:
 
 
 async def make_world(
-    stack: LocalStack, unique: str, tmp: Path, kafka: str | None = None, **env: str
+    stack: LocalStack,
+    unique: str,
+    tmp: Path,
+    kafka: str | None = None,
+    replication: int = 1,
+    **env: str,
 ) -> ServeWorld:
     """Create the world's topics (priority 2 partitions, the rest 4) and its environment;
-    ``kafka``: the bootstrap servers of a broker of the test's own."""
+    ``kafka``: the bootstrap servers of a broker (or cluster) of the test's own, ``replication``
+    its topics' replication factor (3: with ``min.insync.replicas`` 2, as init-topics makes)."""
     world = ServeWorld(stack, unique, tmp, kafka=kafka)
     tasks_topic, priority_topic = f"{unique}.tasks", f"{unique}.tasks.priority"
     routes = {pattern: tasks_topic for pattern in DEFAULT_ROUTES}
@@ -206,7 +213,13 @@ async def make_world(
     admin = AIOKafkaAdminClient(bootstrap_servers=world.bootstrap)
     await admin.start()
     try:
-        await admin.create_topics([NewTopic(tasks_topic, 4, 1), NewTopic(priority_topic, 2, 1)])
+        configs = {"min.insync.replicas": str(MIN_INSYNC_REPLICAS)} if replication >= 3 else {}
+        await admin.create_topics(
+            [
+                NewTopic(tasks_topic, 4, replication, topic_configs=configs),
+                NewTopic(priority_topic, 2, replication, topic_configs=configs),
+            ]
+        )
     finally:
         await admin.close()
     high, low = world.streams

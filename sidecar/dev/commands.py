@@ -19,6 +19,13 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     stack = commands.add_parser("local-stack", help="real Valkey and Kafka on 127.0.0.1")
     stack.add_argument("action", choices=("up", "down", "status"))
     stack_options(stack)
+    stack.add_argument(
+        "--brokers",
+        type=int,
+        choices=(1, 3),
+        default=StackConfig().kafka_brokers,
+        help="3: a KRaft cluster of three combined broker+controller nodes (ports +10, +20)",
+    )
 
     demo = commands.add_parser(
         "demo", help="local stack up, topics, the whole sidecar over a RAGFlow-like load, down"
@@ -59,6 +66,8 @@ def _stack(args: argparse.Namespace) -> LocalStack:
             kafka_secured=args.secured,
             kafka_sasl_ssl_port=args.kafka_sasl_ssl_port,
             kafka_version=args.kafka_version,
+            # The demo runs on the single broker; only `local-stack up` offers the cluster.
+            kafka_brokers=getattr(args, "brokers", 1),
         )
     )
 

@@ -40,6 +40,9 @@ TOPIC_PLAN: dict[str, int] = {
 
 _UNKNOWN_TOPIC = 3
 _TOPIC_EXISTS = 36
+# With three replicas or more, a write is acknowledged once two hold it (acks=all): one broker
+# may die without losing it, and one may be down without stopping writes.
+MIN_INSYNC_REPLICAS = 2
 
 
 @dataclass
@@ -50,10 +53,12 @@ class TopicReport:
     existed: list[str] = field(default_factory=list)
     # (topic, partitions it has, partitions the plan wants)
     under_partitioned: list[tuple[str, int, int]] = field(default_factory=list)
+    # (topic, fewest replicas of its partitions, the replication factor asked for)
+    under_replicated: list[tuple[str, int, int]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.under_partitioned
+        return not self.under_partitioned and not self.under_replicated
 
     def lines(self) -> list[str]:
         out = [f"created {name}" for name in self.created]
@@ -63,6 +68,12 @@ class TopicReport:
             "add partitions by hand (kafka-topics --alter) after reading what it does to key order"
             for name, have, want in self.under_partitioned
         ]
+        out += [
+            f"PROBLEM {name} has {have} replica{'s' if have != 1 else ''} per partition, "
+            f"{want} were asked for; raise it by hand (kafka-reassign-partitions) and set "
+            f"min.insync.replicas={MIN_INSYNC_REPLICAS} (kafka-configs --alter)"
+            for name, have, want in self.under_replicated
+        ]
         return out
 
 
@@ -71,7 +82,11 @@ async def init_topics(
     plan: dict[str, int] | None = None,
     replication_factor: int | None = None,
 ) -> TopicReport:
-    """Create the topics of ``plan`` that are missing; report, never alter, existing ones."""
+    """Create the topics of ``plan`` that are missing; report, never alter, existing ones.
+
+    With a replication factor of 3 or more the topics are made with ``min.insync.replicas``
+    2; a factor above the brokers the cluster has now is refused before anything is made.
+    """
     plan = TOPIC_PLAN if plan is None else plan
     replication = replication_factor or settings.replication_factor
     where = kafka_where(settings)
@@ -80,9 +95,22 @@ async def init_topics(
     try:
         with translate_kafka_errors("connect the admin client", where):
             await admin.start()
-        missing = await _describe(admin, where, plan, list(plan), report)
+        with translate_kafka_errors("describe the cluster", where):
+            brokers = len((await admin.describe_cluster())["brokers"])
+        if replication > brokers:
+            raise MessageQueueError(
+                f"replication factor {replication} is more than the {brokers} live "
+                f"broker{'s' if brokers != 1 else ''} of the cluster at {where}: start the "
+                "missing brokers, or ask for a replication factor they can hold"
+            )
+        configs = {}
+        if replication >= 3:
+            configs["min.insync.replicas"] = str(MIN_INSYNC_REPLICAS)
+        missing = await _describe(admin, where, plan, list(plan), report, replication=replication)
         if missing:
-            new = [NewTopic(name, plan[name], replication) for name in missing]
+            new = [
+                NewTopic(name, plan[name], replication, topic_configs=configs) for name in missing
+            ]
             with translate_kafka_errors("create topics", where):
                 response = await admin.create_topics(new)
             raced = []
@@ -102,7 +130,7 @@ async def init_topics(
                 if not raced:
                     break
                 await asyncio.sleep(0.25)
-                raced = await _describe(admin, where, plan, raced, report)
+                raced = await _describe(admin, where, plan, raced, report, replication=replication)
             if raced:
                 raise MessageQueueError(f"{', '.join(raced)} exist but cannot be described")
     finally:
@@ -116,8 +144,11 @@ async def _describe(
     plan: dict[str, int],
     names: list[str],
     report: TopicReport,
+    *,
+    replication: int,
 ) -> list[str]:
-    """Record which of ``names`` exist (and whether they are short); return the missing ones."""
+    """Record which of ``names`` exist (and whether they have fewer partitions or replicas than
+    asked); return the missing ones."""
     with translate_kafka_errors("describe topics", where):
         described = await admin.describe_topics(names)
     missing = []
@@ -132,6 +163,9 @@ async def _describe(
         report.existed.append(name)
         if have < plan[name]:
             report.under_partitioned.append((name, have, plan[name]))
+        replicas = min((len(p["replicas"]) for p in topic["partitions"]), default=replication)
+        if replicas < replication:
+            report.under_replicated.append((name, replicas, replication))
     return missing
 
 

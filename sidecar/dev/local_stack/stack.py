@@ -7,8 +7,10 @@ import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from sidecar.dev.local_stack.cluster import LocalCluster
 from sidecar.dev.local_stack.kafka import DEFAULT_KAFKA_VERSION, LocalKafka
 from sidecar.dev.local_stack.valkey import LocalValkey
+from sidecar.errors import LocalStackError
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,9 @@ class StackConfig:
     # --secured: a SASL_SSL (SCRAM-SHA-512) listener on this port beside the PLAINTEXT one.
     kafka_secured: bool = False
     kafka_sasl_ssl_port: int = 19094
+    # --brokers 3: a three-node KRaft cluster instead of the single broker (cluster.py), its
+    # nodes on kafka_port and kafka_controller_port and the next two tens above them.
+    kafka_brokers: int = 1
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,13 @@ class LocalStack:
             version=config.kafka_version,
             sasl_ssl_port=config.kafka_sasl_ssl_port if config.kafka_secured else None,
         )
+        self.cluster: LocalCluster | None = None
+        if config.kafka_brokers > 1:
+            if config.kafka_secured:
+                raise LocalStackError("--secured runs on the single broker, not --brokers 3")
+            self.cluster = LocalCluster.on_ports(
+                root, config.kafka_port, config.kafka_controller_port, version=config.kafka_version
+            )
         self._state_file = root / "stack.json"
 
     @classmethod
@@ -65,11 +77,16 @@ class LocalStack:
         state = {**asdict(self.config), "root": str(self.config.root)}
         self._state_file.write_text(json.dumps(state, indent=2) + "\n")
         self.valkey.start()
-        self.kafka.start()
+        if self.cluster is not None:
+            self.cluster.start()
+        else:
+            self.kafka.start()
 
     def down(self) -> list[str]:
         """Stop what this stack started (by pid); returns the names stopped."""
         stopped = []
+        if self.cluster is not None:
+            stopped += self.cluster.stop()
         if self.kafka.stop():
             stopped.append("kafka")
         if self.valkey.stop():
@@ -78,6 +95,20 @@ class LocalStack:
 
     def status(self) -> list[ServiceStatus]:
         valkey_pid = self.valkey.process.pid()
+        if self.cluster is not None:
+            valkey = ServiceStatus(
+                "valkey", valkey_pid, valkey_pid is not None and self.valkey.ping(), self.valkey.url
+            )
+            nodes = [
+                ServiceStatus(
+                    node.process.name,
+                    node.process.pid(),
+                    node.process.pid() is not None and node.answers(),
+                    node.bootstrap_servers,
+                )
+                for node in self.cluster.nodes.values()
+            ]
+            return [valkey, *nodes]
         kafka_pid = self.kafka.process.pid()
         return [
             ServiceStatus(
@@ -98,9 +129,10 @@ class LocalStack:
         printed.
         """
         if not self.config.kafka_secured:
+            kafka = self.cluster or self.kafka
             return (
                 f"export REDIS_URL={self.valkey.url}\n"
-                f"export KAFKA_BOOTSTRAP_SERVERS={self.kafka.bootstrap_servers}\n"
+                f"export KAFKA_BOOTSTRAP_SERVERS={kafka.bootstrap_servers}\n"
             )
         kafka = self.kafka
         return (
