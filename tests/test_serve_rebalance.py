@@ -14,9 +14,10 @@ from ragflow_mq import consumer as consumer_module
 from ragflow_mq.consumer import ServeConsumer
 from ragflow_mq.contract import Keys
 from ragflow_mq.evidence import Recorder
+from ragflow_mq.hand import KafkaTask
 from ragflow_mq.producer import served_headers
 from sidecar.config import Settings
-from sidecar.config.routing import RouteTable
+from sidecar.config.routing import Route, RouteTable
 from sidecar.dev.local_stack import LocalStack
 from sidecar.transport.kafka import KafkaProducer
 from sidecar.transport.partitioner import key_partition
@@ -106,6 +107,25 @@ async def test_a_fetch_in_flight_across_a_rebalance_skips_no_task(
     assert by_member[0] and by_member[1], "the rebalance did not split the partitions"
 
 
+def _one_task(unique: str, routes: RouteTable) -> tuple[dict[str, Any], Route]:
+    task = {"id": f"{unique}-t", "doc_id": f"{unique}-d", "from_page": 0, "to_page": 12}
+    return task, routes.route(task, 0)
+
+
+async def _take_one(member: ServeConsumer, queue: str) -> KafkaTask:
+    """The next served task of ``queue``, as RAGFlow's executor asks for it."""
+    taken: list[KafkaTask] = []
+
+    def handed_out() -> bool:
+        got = member.take(queue)
+        if got is not None:
+            taken.append(got)
+        return bool(taken)
+
+    await wait_until(handed_out, 60, what="the task handed out")
+    return taken[0]
+
+
 async def test_a_task_acked_as_the_executor_stops_is_marked_done_and_committed(
     stack: LocalStack, unique: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -115,8 +135,7 @@ async def test_a_task_acked_as_the_executor_stops_is_marked_done_and_committed(
     world = await make_world(stack, unique, tmp_path, KAFKA_SERVE_PERCENT="100")
     settings = world.settings()
     routes, keys = RouteTable(settings.mirror.routes), Keys(unique)
-    task = {"id": f"{unique}-t", "doc_id": f"{unique}-d", "from_page": 0, "to_page": 12}
-    route = routes.route(task, 0)
+    task, route = _one_task(unique, routes)
     async with KafkaProducer(settings.kafka, linger_ms=0) as producer:
         headers = served_headers(world.streams[1], task, route)
         sent = await producer.send(route.topic, task, key=route.key, headers=headers)
@@ -133,16 +152,7 @@ async def test_a_task_acked_as_the_executor_stops_is_marked_done_and_committed(
     monkeypatch.setattr(consumer_module.Claims, "finish", slow_finish)
     try:
         await member.start()
-        taken: list[Any] = []
-
-        def handed_out() -> bool:
-            got = member.take(world.streams[1])
-            if got is not None:
-                taken.append(got)
-            return bool(taken)
-
-        await wait_until(handed_out, 60, what="the task handed out")
-        taken[0].ack()
+        (await _take_one(member, world.streams[1])).ack()
         await asyncio.wait_for(marking.wait(), 10)
         await member.stop()
         assert await store.exists(keys.done(task["id"])) == 1, "acked, never marked done"
@@ -163,8 +173,7 @@ async def test_a_record_claimed_while_its_task_is_marked_done_is_not_run_again(
     world = await make_world(stack, unique, tmp_path, KAFKA_SERVE_PERCENT="100")
     settings = world.settings()
     routes, keys = RouteTable(settings.mirror.routes), Keys(unique)
-    task = {"id": f"{unique}-t", "doc_id": f"{unique}-d", "from_page": 0, "to_page": 12}
-    route = routes.route(task, 0)
+    task, route = _one_task(unique, routes)
     headers = served_headers(world.streams[1], task, route)
     store = create_client(settings.state)
     member = ServeConsumer(settings, routes, keys, store, Recorder(), "task_executor_common_c_0")
@@ -193,16 +202,7 @@ async def test_a_record_claimed_while_its_task_is_marked_done_is_not_run_again(
         await member.start()
         async with KafkaProducer(settings.kafka, linger_ms=0) as producer:
             await producer.send(route.topic, task, key=route.key, headers=headers)
-            taken: list[Any] = []
-
-            def handed_out() -> bool:
-                got = member.take(world.streams[1])
-                if got is not None:
-                    taken.append(got)
-                return bool(taken)
-
-            await wait_until(handed_out, 60, what="the task handed out")
-            taken[0].ack()
+            (await _take_one(member, world.streams[1])).ack()
             await producer.send(route.topic, task, key=route.key, headers=headers)
         # The second record is parked and claimed again once the task is done (skipped), or
         # (the bug) waits in the buffer to be handed out.

@@ -100,6 +100,17 @@ def _row(
     )  # fmt: skip
 
 
+async def _served_world(
+    stack: LocalStack, brokers: BrokerFaults, unique: str, tmp_path: Path
+) -> ServeWorld:
+    """Every task served from the cluster, RAGFlow's enqueue bounded and its breaker short."""
+    return await make_world(
+        stack, unique, tmp_path, kafka=brokers.cluster.bootstrap_servers, replication=3,
+        KAFKA_SERVE_PERCENT="100", SERVE_ENQUEUE_TIMEOUT_MS=str(ENQUEUE_TIMEOUT_MS),
+        SERVE_BREAKER_OPEN_S="2",
+    )  # fmt: skip
+
+
 async def test_executors_group_coordinator_killed_with_9(
     stack: LocalStack,
     brokers: BrokerFaults,
@@ -108,11 +119,7 @@ async def test_executors_group_coordinator_killed_with_9(
     valkey_client: avalkey.Valkey,
     fault_table: list[FaultRow],
 ) -> None:
-    world = await make_world(
-        stack, unique, tmp_path, kafka=brokers.cluster.bootstrap_servers, replication=3,
-        KAFKA_SERVE_PERCENT="100", SERVE_ENQUEUE_TIMEOUT_MS=str(ENQUEUE_TIMEOUT_MS),
-        SERVE_BREAKER_OPEN_S="2",
-    )  # fmt: skip
+    world = await _served_world(stack, brokers, unique, tmp_path)
 
     async def hit(queued: Callable[[int], Awaitable[None]]) -> str:
         coordinator = await brokers.coordinator_of(world.group)
@@ -147,11 +154,7 @@ async def test_two_of_three_brokers_down_then_back(
     valkey_client: avalkey.Valkey,
     fault_table: list[FaultRow],
 ) -> None:
-    world = await make_world(
-        stack, unique, tmp_path, kafka=brokers.cluster.bootstrap_servers, replication=3,
-        KAFKA_SERVE_PERCENT="100", SERVE_ENQUEUE_TIMEOUT_MS=str(ENQUEUE_TIMEOUT_MS),
-        SERVE_BREAKER_OPEN_S="2",
-    )  # fmt: skip
+    world = await _served_world(stack, brokers, unique, tmp_path)
     marks: dict[str, int] = {}
 
     def queued_now() -> int:
