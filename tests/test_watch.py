@@ -121,7 +121,7 @@ def test_the_margins_lean_towards_the_baseline_being_worse() -> None:
 
 def test_the_gate_splits_alpha_in_halves_and_holds_on_a_small_baseline() -> None:
     rng = np.random.default_rng(5)
-    gate_settings = GateSettings(alpha=ALPHA)
+    gate_settings = GateSettings(alpha=ALPHA, min_documents=200)
     ramp = redis_minutes(rng, 10)
     watched = kafka_minutes(rng, 10)
     served = Evidence.from_minutes([*ramp, *watched])
@@ -140,7 +140,7 @@ def test_the_gate_splits_alpha_in_halves_and_holds_on_a_small_baseline() -> None
     assert size.verdict == "hold" and "baseline" in size.reason
 
 
-PLAN = RolloutSettings(steps=(50.0, 100.0), dwell_s=60.0, min_tasks=10, interval_s=1.0)
+PLAN = RolloutSettings(steps=(50.0, 100.0), dwell_s=60.0, min_documents=10, interval_s=1.0)
 STARTED_MS = 1_000 * MINUTE_MS
 AT_100_MS = STARTED_MS + 240 * MINUTE_MS  # when the last step (100 %) began
 NOW_MS = AT_100_MS + 120 * MINUTE_MS

@@ -54,7 +54,10 @@ class ServeSettings:
 class GateSettings:
     """What ``ragflow-sidecar gate`` requires of the served share (canary analysis)."""
 
-    min_sample: int = 200  # tasks per path, and judged verdicts, below which it holds
+    # Finished documents a path (and in the baseline) below which it holds: the tests count
+    # documents, so their minimum does too (GATE_MIN_SAMPLE counted tasks until issue 30).
+    min_documents: int = 50
+    min_verdicts: int = 200  # judged verdicts (one a task) below which it holds
     min_match_percent: float = 99.9  # judged tasks matching; below: roll back
     max_missing: int = 0  # missing_in_kafka + missing_in_redis verdicts; above: roll back
     # The chance that the sequential tests roll back a healthy shift, for a whole rollout
@@ -101,7 +104,8 @@ SERVE = Table(
 )
 GATE = Table(
     GateSettings,
-    Var("GATE_MIN_SAMPLE", "min_sample", integer(1)),
+    Var("GATE_MIN_DOCUMENTS", "min_documents", integer(1)),
+    Var("GATE_MIN_VERDICTS", "min_verdicts", integer(1)),
     Var("GATE_MIN_MATCH_PERCENT", "min_match_percent", number(0.0, 100.0)),
     Var("GATE_MAX_MISSING", "max_missing", integer(0)),
     Var("GATE_ALPHA", "alpha", _alpha),

@@ -4,10 +4,10 @@ evidence).
 
 Judged verdicts are checked against fixed levels: a mismatch is a wrong result, not noise.
 Served evidence goes through the sequential tests of ``gate_stats`` (Kafka's path worse than
-Redis's), once each path has finished ``GATE_MIN_SAMPLE`` tasks; with a baseline (the watch at
-100 %, ``sidecar/serve/baseline.py``) also through the same five questions of the Kafka minutes
-after it against the baseline, ``GATE_ALPHA`` then split in halves between the two kinds. Kept
-free of I/O so that every rule can be read, and tried, on its own.
+Redis's), once each path has finished ``GATE_MIN_DOCUMENTS`` documents; with a baseline (the
+watch at 100 %, ``sidecar/serve/baseline.py``) also through the same five questions of the
+Kafka minutes after it against the baseline, ``GATE_ALPHA`` then split in halves between the
+two kinds. Kept free of I/O so that every rule can be read, and tried, on its own.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class Check:
     verdict: CheckVerdict
     reason: str = ""  # why it holds or rolls back; empty when ok
     effect: str = ""  # a sequential test's effect estimate
-    # More tasks per path that would decide a hold (an estimate; see gate_stats).
+    # More documents per path that would decide a hold (an estimate; see gate_stats).
     needed: dict[str, int] | None = None
     test: SequentialResult | None = None  # the sequential test behind the row, if any
 
@@ -124,7 +124,7 @@ def split_alpha(alpha: float, baseline: bool) -> float:
 
 
 def _judged_checks(gate: GateSettings, judged: Judged) -> list[Check]:
-    n, least = judged.judged, gate.min_sample
+    n, least = judged.judged, gate.min_verdicts
     enough = n >= least
     checks = [
         Check(
@@ -133,7 +133,7 @@ def _judged_checks(gate: GateSettings, judged: Judged) -> list[Check]:
             str(n),
             f"≥ {least}",
             "ok" if enough else "hold",
-            "" if enough else f"only {n} judged verdicts (GATE_MIN_SAMPLE={least})",
+            "" if enough else f"only {n} judged verdicts (GATE_MIN_VERDICTS={least})",
         )
     ]
     if not judged.complete:
@@ -213,17 +213,17 @@ def _served_checks(
     active: bool,
     baseline: Baseline | None = None,
 ) -> list[Check]:
-    least = gate.min_sample
+    least = gate.min_documents
     if not active:
         idle = "n/a: nothing served from Kafka (KAFKA_SERVE_PERCENT=0, no Kafka tasks seen)"
-        counts = [(path, served[path]["finished"]) for path in PATHS]
+        counts = [(path, served[path]["document_finished"]) for path in PATHS]
         return [
             *(Check(f"finished ({p})", n, str(n), f"≥ {least}", "n/a", idle) for p, n in counts),
             *(Check(TEST_NAMES[t][0], None, "-", "n/a", "n/a", idle) for t in TESTS),
         ]
     checks = []
     for path in PATHS:
-        n = served[path]["finished"]
+        n = served[path]["document_finished"]
         if n >= least:
             checks.append(Check(f"finished ({path})", n, str(n), f"≥ {least}", "ok"))
         elif path == "redis" and baseline is not None:
@@ -231,7 +231,7 @@ def _served_checks(
             checks.append(Check(f"finished ({path})", n, str(n), "baseline instead", "n/a"))
         else:
             short = (
-                f"only {n} {path}-path tasks finished (GATE_MIN_SAMPLE={least}): "
+                f"only {n} {path}-path documents finished (GATE_MIN_DOCUMENTS={least}): "
                 f"{least - n} more needed"
             )
             needed: dict[str, int] = {path: least - n}
@@ -247,13 +247,13 @@ def _baseline_checks(
     gate: GateSettings, baseline: Baseline, watched: Sequence[Evidence], active: bool
 ) -> list[Check]:
     """The baseline's size, then the five tests of the watched Kafka minutes against it."""
-    least, n = gate.min_sample, baseline.redis["finished"]
+    least, n = gate.min_documents, baseline.redis["document_finished"]
     label = f"finished (redis baseline, {len(watched)} min watched)"
     if not active:
         return []
     if n < least:
         # A baseline this small would move its margin so far the tests could not see much.
-        short = f"only {n} redis tasks finished in the baseline (GATE_MIN_SAMPLE={least})"
+        short = f"only {n} redis documents finished in the baseline (GATE_MIN_DOCUMENTS={least})"
         return [Check(label, n, str(n), f"≥ {least}", "hold", short)]
     alpha = split_alpha(gate.alpha, True)
     tests = run_baseline_tests(baseline.redis, watched, alpha, gate.latency_floor_ms)
@@ -271,7 +271,7 @@ def _test_check(test: SequentialResult) -> Check:
         needed = (
             "; about "
             + " and ".join(f"{n} {path}" for path, n in test.needed.items())
-            + " tasks more would decide"
+            + " documents more would decide"
             if test.needed
             else ""
         )
