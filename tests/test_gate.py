@@ -150,6 +150,8 @@ def gate(
         "SERVE_KEY_PREFIX": unique,
         "GATE_MIN_DOCUMENTS": str(MIN_SAMPLE),
         "GATE_MIN_VERDICTS": str(MIN_SAMPLE),
+        # Margins for a window of hundreds of documents (tests/test_margins.py has the defaults').
+        "GATE_FAILED_MARGIN_POINTS": "25",
     }
     client = valkey.Valkey(**settings.redis.client_kwargs())
     keys = Keys(unique)

@@ -58,7 +58,12 @@ async def look(
     ``source``: where the evidence is read (the autopilot's follows the rollout)."""
     source = source if source is not None else OneLook(settings)
     since_ms = state.started_ms or state.step_since_ms
-    report = await collect(settings, since_ms, now_ms, watch_baseline(state), source)
+    steps = settings.rollout.steps
+    # The margins are the harm the next step may do: the last step's is its own, 100 %.
+    next_share = (steps[state.step + 1] if state.step + 1 < len(steps) else 100.0) / 100
+    report = await collect(
+        settings, since_ms, now_ms, watch_baseline(state), source, next_share=next_share
+    )
     minutes, _ = await source.served(state.step_since_ms / 1000, now_ms / 1000)
     step = Evidence.from_minutes(minutes)
     needed = "; ".join(

@@ -22,6 +22,7 @@ from ragflow_mq.evidence import Evidence
 from sidecar.config.serve import GateSettings
 from sidecar.serve.baseline import Baseline, run_baseline_tests
 from sidecar.serve.gate_stats import TESTS, SequentialResult, run_tests
+from sidecar.serve.margins import MarginResult, run_margins
 
 PROMOTE: Final = 0
 HOLD: Final = 1
@@ -104,13 +105,17 @@ def analyse(
     served_active: bool,
     baseline: Baseline | None = None,
     watched: Sequence[Evidence] = (),
+    next_share: float = 1.0,
 ) -> list[Check]:
     """The checks, each ``ok``, ``hold``, ``rollback`` or ``n/a``; the worst one decides.
     ``minutes`` are the window's minute buckets in time order, ``served`` their sum; with a
-    ``baseline``, ``watched`` are the minutes after it, whose Kafka path is tested against it."""
+    ``baseline``, ``watched`` are the minutes after it, whose Kafka path is tested against it;
+    ``next_share`` (0-1]: the share a promotion would serve, which sets the margins
+    (``margins.margin_at``)."""
     return [
         *_judged_checks(gate, judged),
         *_served_checks(gate, served, minutes, served_active, baseline),
+        *(_margin_checks(gate, minutes, next_share) if served_active else []),
         *(_baseline_checks(gate, baseline, watched, served_active) if baseline else []),
     ]
 
@@ -283,3 +288,40 @@ def _test_check(test: SequentialResult) -> Check:
         reason = ""
     return Check(name, test.e_value, shown, threshold, verdict, reason, test.effect,
                  test.needed, test)  # fmt: skip
+
+
+MARGIN_NAMES: Final = {
+    "failed": "margin: failed documents",
+    "processing": "margin: processing time",
+    "queue_wait": "margin: queue wait",
+}
+
+
+def _margin_checks(gate: GateSettings, minutes: Sequence[Evidence], share: float) -> list[Check]:
+    """Non-inferiority, one row a margin: ``ok`` once shown, ``hold`` until then."""
+    each = gate.alpha / len(TESTS)
+    results = run_margins(minutes, gate.margins, share, each, gate.latency_floor_ms)
+    return [_margin_check(result, share) for result in results]
+
+
+def _margin_check(result: MarginResult, share: float) -> Check:
+    name = MARGIN_NAMES[result.name]
+    threshold = f"< {result.shown_as(result.margin)} (next share {100 * share:g} %)"
+    shown = f"≤ {result.shown_as(result.upper)}"
+    if result.shown:
+        return Check(name, result.upper, shown, threshold, "ok")
+    needed = {"kafka": result.needed} if result.needed else None
+    more = (
+        f"; about {result.needed} kafka documents more would show it"
+        if result.needed
+        else "; it cannot be shown while kafka's estimate is above the margin"
+        if result.estimate is not None
+        else ""
+    )
+    reason = (
+        f"kafka not shown within the margin ({name[8:]}): kafka - redis "
+        f"{result.shown_as(result.estimate)}, at most {result.shown_as(result.upper)} over "
+        f"{result.documents} kafka documents, margin {result.shown_as(result.margin)} at the "
+        f"next share ({100 * share:g} %){more}"
+    )
+    return Check(name, result.upper, shown, threshold, "hold", reason, "", needed)
