@@ -33,6 +33,9 @@ SCALED_PLAN = {
     "ROLLOUT_MIN_DOCUMENTS": "20",
     "ROLLOUT_INTERVAL_S": "1",
     "ROLLOUT_LEASE_S": "5",
+    # The scaled plan ends at 100 % and watches against the baseline; the hold-back's watch is
+    # tests/test_rollout_machine.py's and bench/gate_defaults.py's.
+    "ROLLOUT_HOLDBACK_PERCENT": "0",
     "GATE_MIN_DOCUMENTS": "20",
     "GATE_MIN_VERDICTS": "20",
 }

@@ -208,6 +208,7 @@ def _env(stack: LocalStack, unique: str) -> dict[str, str]:
         "ROLLOUT_DWELL_S": "0",
         "ROLLOUT_MIN_DOCUMENTS": "5",
         "ROLLOUT_LEASE_S": "2",
+        "ROLLOUT_HOLDBACK_PERCENT": "0",
     }
 
 

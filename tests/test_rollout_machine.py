@@ -11,7 +11,9 @@ from sidecar.config.rollout import RolloutSettings, check_plan
 from sidecar.errors import ConfigError
 from sidecar.rollout.machine import GateView, RolloutState, command, decide
 
-PLAN = RolloutSettings(steps=(1.0, 25.0, 100.0), dwell_s=60.0, min_documents=10, interval_s=1.0)
+PLAN = RolloutSettings(
+    steps=(1.0, 25.0, 100.0), dwell_s=60.0, min_documents=10, interval_s=1.0, holdback_percent=0.0
+)
 PROMOTE = GateView("promote", kafka_documents=10, redis_documents=10)
 
 
@@ -113,3 +115,16 @@ def test_bad_plans_are_refused_naming_the_variable() -> None:
         check_plan(RolloutSettings(steps=(1.0, 50.0, 100.0)), ceiling=50.0)
     assert caught.value.variable == "ROLLOUT_STEPS"
     check_plan(RolloutSettings(steps=(1.0, 50.0)), ceiling=50.0)
+
+
+def test_the_last_step_keeps_the_hold_back_on_redis_and_needs_its_documents() -> None:
+    """With ROLLOUT_HOLDBACK_PERCENT, 100 % serves 95 %: the watch keeps a concurrent Redis
+    control, and the step still needs Redis documents before it can be promoted to watching."""
+    plan = dataclasses.replace(PLAN, holdback_percent=5.0)
+    state, decision = decide(plan, _at_step(1), PROMOTE, 120_000)
+    assert (state.step, state.share, decision.share_to) == (2, 95.0, 95.0)
+    assert "-> 95 % (step 3 of 3, 5 % held back on redis)" in decision.reason
+    state, decision = decide(plan, state, GateView("promote", kafka_documents=50), 240_000)
+    assert decision.action == "hold" and "redis 10 more" in decision.reason
+    state, decision = decide(plan, state, PROMOTE, 300_000)
+    assert (state.phase, state.share) == ("watching", 95.0)

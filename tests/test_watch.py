@@ -142,7 +142,9 @@ def test_the_gate_splits_alpha_in_halves_and_holds_on_a_small_baseline() -> None
     assert size.verdict == "hold" and "baseline" in size.reason
 
 
-PLAN = RolloutSettings(steps=(50.0, 100.0), dwell_s=60.0, min_documents=10, interval_s=1.0)
+PLAN = RolloutSettings(
+    steps=(50.0, 100.0), dwell_s=60.0, min_documents=10, interval_s=1.0, holdback_percent=0.0
+)
 STARTED_MS = 1_000 * MINUTE_MS
 AT_100_MS = STARTED_MS + 240 * MINUTE_MS  # when the last step (100 %) began
 NOW_MS = AT_100_MS + 120 * MINUTE_MS

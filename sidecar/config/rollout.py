@@ -30,6 +30,14 @@ class RolloutSettings:
     interval_s: float = 60.0
     on_rollback: OnRollback = "zero"  # or back to the last step promoted from
     lease_s: float = 30.0  # one autopilot acts; another takes over this long after it died
+    # Documents kept on Redis while the last step (100 %) is watched: a concurrent control, so
+    # that the watch compares like with like (a drifting mix, a batch of scanned PDFs, moves
+    # both paths) instead of a baseline from before (bench/gate_defaults.py has the numbers).
+    holdback_percent: float = 5.0
+
+    def share_of(self, step: int) -> float:
+        """The share step ``step`` serves: the plan's, less the hold-back at 100 %."""
+        return min(self.steps[step], 100.0 - self.holdback_percent)
 
 
 def _steps(reader: Reader, name: str, default: Any, _: Mapping[str, Any]) -> tuple[float, ...]:
@@ -60,6 +68,7 @@ ROLLOUT = Table(
     Var("ROLLOUT_INTERVAL_S", "interval_s", number(0.1, 3600.0)),
     Var("ROLLOUT_ON_ROLLBACK", "on_rollback", choice(ON_ROLLBACK)),
     Var("ROLLOUT_LEASE_S", "lease_s", number(1.0, 3600.0)),
+    Var("ROLLOUT_HOLDBACK_PERCENT", "holdback_percent", number(0.0, 50.0)),
 )
 ROLLOUT_VARIABLES: tuple[str, ...] = ROLLOUT.names
 

@@ -54,13 +54,15 @@ async def look(
     settings: Settings, state: RolloutState, now_ms: int, source: GateSource | None = None
 ) -> GateView:
     """The gate over the whole rollout (its tests stay valid however often they are asked),
-    at 100 % also against the baseline, and the documents each path finished in the current step;
-    ``source``: where the evidence is read (the autopilot's follows the rollout)."""
+    at 100 % (no hold-back) also against the baseline, and the documents each path finished in
+    the current step; ``source``: where the evidence is read (the autopilot's follows the
+    rollout)."""
     source = source if source is not None else OneLook(settings)
     since_ms = state.started_ms or state.step_since_ms
     steps = settings.rollout.steps
     # The margins are the harm the next step may do: the last step's is its own, 100 %.
-    next_share = (steps[state.step + 1] if state.step + 1 < len(steps) else 100.0) / 100
+    last = state.step + 1 >= len(steps)
+    next_share = (100.0 if last else steps[state.step + 1]) / 100
     report = await collect(
         settings, since_ms, now_ms, watch_baseline(state), source, next_share=next_share
     )

@@ -219,7 +219,7 @@ def _move(
     now_ms: int,
     reason: str,
 ) -> tuple[RolloutState, Decision]:
-    share = plan.steps[step]
+    share = plan.share_of(step)
     new = dataclasses.replace(
         state,
         phase=phase,
@@ -230,7 +230,11 @@ def _move(
         last_good=state.share if action == "promote" else state.last_good,
         updated_ms=now_ms,
     )
-    text = f"{reason}: {state.share:g} % -> {share:g} % (step {step + 1} of {len(plan.steps)})"
+    held = plan.steps[step] - share
+    back = f", {held:g} % held back on redis" if held > 0 else ""
+    text = (
+        f"{reason}: {state.share:g} % -> {share:g} % (step {step + 1} of {len(plan.steps)}{back})"
+    )
     return new, Decision(now_ms, action, phase, state.share, share, text)
 
 
