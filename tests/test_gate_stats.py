@@ -206,3 +206,24 @@ def test_times_under_the_floor_compare_as_equal() -> None:
     ]
     assert by_name(run_tests(minutes, ALPHA, FLOOR_MS))["processing"].verdict == "ok"
     assert by_name(run_tests(minutes, ALPHA, 0.0))["processing"].verdict == "rollback"
+
+
+def _dead_letters(n_minutes: int, consumed: int, dead: int) -> list[Evidence]:
+    """Minutes at 100 %: every record on Kafka, ``dead`` of ``consumed`` dead-lettered."""
+    recorder = Recorder()
+    for minute in range(n_minutes):
+        recorder.count("kafka", "started", consumed - dead, at_s=60.0 * minute)
+        recorder.count("kafka", "dead_lettered", dead, at_s=60.0 * minute)
+    return [
+        Evidence.from_hashes([dict(counts)])
+        for _, counts in sorted(recorder.drain().counts.items())
+    ]
+
+
+def test_the_dead_letter_test_fires_at_100_percent() -> None:
+    """Nothing is left on Redis to compare with; the test holds Kafka to a fixed rate."""
+    bad = by_name(run_tests(_dead_letters(30, 100, 2), ALPHA, FLOOR_MS))["dead_lettered"]
+    assert bad.verdict == "rollback", bad
+    assert "kafka 2.000 % of consumed vs 0.1 % allowed" in bad.effect
+    fine = by_name(run_tests(_dead_letters(30, 1000, 0), ALPHA, FLOOR_MS))["dead_lettered"]
+    assert fine.verdict == "ok"

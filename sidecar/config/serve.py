@@ -70,6 +70,8 @@ class GateSettings:
     latency_floor_ms: float = 1000.0
     # Non-inferiority (sidecar/serve/margins.py): a step is promoted only once the evidence
     # shows Kafka no worse than this, as a cost to all documents at the next step's share.
+    # Kafka's consumed records that may go to the dead-letter topic (Redis has none), percent.
+    dead_letter_percent: float = 0.1
     failed_margin_points: float = 2.0  # failed documents, points
     processing_margin_ratio: float = 1.2  # typical processing time, Kafka over Redis
     queue_wait_margin_ratio: float = 1.5  # typical queue wait, Kafka over Redis
@@ -123,6 +125,7 @@ GATE = Table(
     Var("GATE_MAX_MISSING", "max_missing", integer(0)),
     Var("GATE_ALPHA", "alpha", _alpha),
     Var("GATE_LATENCY_FLOOR_MS", "latency_floor_ms", number(0.0, 3_600_000.0)),
+    Var("GATE_DEAD_LETTER_PERCENT", "dead_letter_percent", number(0.0001, 50.0)),
     Var("GATE_FAILED_MARGIN_POINTS", "failed_margin_points", number(0.01, 100.0)),
     Var("GATE_PROCESSING_MARGIN_RATIO", "processing_margin_ratio", number(1.01, 100.0)),
     Var("GATE_QUEUE_WAIT_MARGIN_RATIO", "queue_wait_margin_ratio", number(1.01, 100.0)),

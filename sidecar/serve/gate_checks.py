@@ -194,7 +194,7 @@ def _judged_checks(gate: GateSettings, judged: Judged) -> list[Check]:
 TEST_NAMES: Final = {
     "failed": ("failed documents", "kafka fails more than redis"),
     "retried": ("retried per started", "kafka retries more than redis"),
-    "dead_lettered": ("dead_lettered per consumed", "kafka dead-letters more than redis"),
+    "dead_lettered": ("dead_lettered per consumed", "kafka dead-letters more than allowed"),
     "processing": ("processing time", "kafka processes slower than redis"),
     "queue_wait": ("queue wait", "kafka's tasks wait longer than redis's"),
 }
@@ -244,7 +244,10 @@ def _served_checks(
                 Check(f"finished ({path})", n, str(n), f"≥ {least}", "hold", short, "", needed)
             )
     alpha = split_alpha(gate.alpha, baseline is not None)
-    checks += [_test_check(test) for test in run_tests(minutes, alpha, gate.latency_floor_ms)]
+    tests = run_tests(
+        minutes, alpha, gate.latency_floor_ms, dead_letter_rate=gate.dead_letter_percent / 100
+    )
+    checks += [_test_check(test) for test in tests]
     return checks
 
 
