@@ -59,7 +59,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from bench_common import loadavg
-from gate_defaults import headline
+from gate_defaults import headline, watched
 from gate_populations import (
     ALONE,
     FLOOR_MS,
@@ -368,6 +368,8 @@ def main() -> int:
     for load in (float(x) for x in args.documents_per_min.split(",")):
         ok &= headline(rng, args.headline_runs, load)
         print()
+    watched(rng, args.headline_runs // 2, max(float(x) for x in args.documents_per_min.split(",")))
+    print()
     if args.headline_only:
         print(f"{time.monotonic() - started:.0f} s; {loadavg()}")
         print("every target met" if ok else "a target was MISSED")

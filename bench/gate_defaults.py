@@ -71,6 +71,7 @@ class Scenario:
     name: str
     extra_failed: float = 0.0  # points of documents, Kafka's
     slowdown: float = 1.0  # Kafka's processing
+    in_watch: bool = False  # the regression starts once the run reached 100 %
 
     @property
     def aa(self) -> bool:
@@ -82,6 +83,7 @@ class Outcome:
     rolled_ramp: Array  # bool: rolled back before 100 %
     rolled_watch: Array  # bool: rolled back in the 24 h at 100 %
     reached_min: Array  # minute 100 % was reached (-1: never)
+    rolled_min: Array  # minute of the roll-back (-1: none)
 
 
 def document_failure() -> float:
@@ -132,6 +134,31 @@ class Tests:
         return ok
 
 
+def watched(rng: np.random.Generator, runs: int, documents_per_min: float) -> None:
+    """Not a target: regressions that start once the run watches at 100 %, and the hold-back
+    that catches them (the hours from reaching 100 % to the roll-back)."""
+    plan = Defaults()
+    print(
+        f"regressions starting at 100 % ({plan.holdback:g} % held back on Redis), "
+        f"{documents_per_min:g} documents/min, {runs} runs, 24 h watched"
+    )
+    for scenario in (
+        Scenario("failed documents +2 pp", extra_failed=2.0, in_watch=True),
+        Scenario("processing x1.5", slowdown=1.5, in_watch=True),
+    ):
+        out = simulate(rng, scenario, plan, runs, documents_per_min=documents_per_min)
+        caught = out.rolled_watch
+        hours = (out.rolled_min[caught] - out.reached_min[caught]) / 60
+        spread = (
+            " / ".join(f"{h:.1f}" for h in np.percentile(hours, [50, 95])) if caught.any() else "-"
+        )
+        print(
+            f"  {scenario.name:<24} rolled back within 24 h: {100 * caught.mean():.1f} %, "
+            f"after {spread} h (p50 / p95); rolled back in the ramp, before it started: "
+            f"{100 * out.rolled_ramp.mean():.1f} %"
+        )
+
+
 def simulate(
     rng: np.random.Generator,
     scenario: Scenario,
@@ -175,7 +202,8 @@ def simulate(
         n = np.stack([rng.poisson(load * share), rng.poisson(load * (1 - share))]).astype(float)
         # Failures.
         p = np.clip(p_doc * np.exp(0.4 * mix) * np.where(pdf, 2.0, 1.0), 0, 1)
-        p_k = np.clip(p + scenario.extra_failed / 100, 0, 1)
+        on = (reached >= 0) if scenario.in_watch else np.ones(runs, dtype=bool)
+        p_k = np.clip(p + np.where(on, scenario.extra_failed / 100, 0.0), 0, 1)
         x = np.stack([rng.binomial(n[0].astype(int), p_k), rng.binomial(n[1].astype(int), p)])
         # Retries: crashes hand 1-5 tasks of one path back at once, and a few on their own.
         crashes = rng.poisson(0.2, runs)
@@ -198,10 +226,12 @@ def simulate(
             levels = np.round(np.log(scale) * 4) / 4
             counts = np.zeros((2, runs, len(bounds) + 1))
             for level in np.unique(levels):
-                where = levels == level
                 for path, factor in ((0, slower), (1, 1.0)):
-                    probs = _bucket_probs(median * math.exp(level) * factor, sigma, bounds)
-                    counts[path, where] = rng.multinomial(n[path, where].astype(int), probs)
+                    for slow in (False, True) if factor != 1.0 else (False,):
+                        where = (levels == level) & ((on == slow) if factor != 1.0 else True)
+                        scale_by = factor if slow or factor == 1.0 else 1.0
+                        probs = _bucket_probs(median * math.exp(level) * scale_by, sigma, bounds)
+                        counts[path, where] = rng.multinomial(n[path, where].astype(int), probs)
             latency[key] = hist.merge_floor(tuple(BUCKETS_MS), counts, FLOOR_MS)[1]
         # Harm tests.
         pi = shares(n[0], n[1])
@@ -253,7 +283,7 @@ def simulate(
         minute += 1
     rolled_ramp = (rolled_at >= 0) & ((reached < 0) | (rolled_at <= reached))
     rolled_watch = (rolled_at >= 0) & (reached >= 0) & (rolled_at > reached)
-    return Outcome(rolled_ramp, rolled_watch, reached)
+    return Outcome(rolled_ramp, rolled_watch, reached, rolled_at)
 
 
 def headline(rng: np.random.Generator, runs: int, documents_per_min: float) -> bool:
