@@ -17,7 +17,16 @@ from sidecar.transport.topics import init_topics
 from tests.ragflow_support import read_produced, wait_until
 from tests.serve_support import ServeWorld, by_path, make_world
 
-GATE = {"GATE_MIN_DOCUMENTS": "20", "GATE_MIN_VERDICTS": "100"}
+# Test-sized: tens of documents a path. The margins are the harm to all documents at 100 %;
+# tens of documents bound a failure rate to tens of points (tests/test_margins.py has the
+# defaults').
+GATE = {
+    "GATE_MIN_DOCUMENTS": "20",
+    "GATE_MIN_VERDICTS": "100",
+    "GATE_FAILED_MARGIN_POINTS": "60",
+    "GATE_PROCESSING_MARGIN_RATIO": "3",
+    "GATE_QUEUE_WAIT_MARGIN_RATIO": "3",
+}
 
 
 async def _queue(world: ServeWorld, name: str, docs: int, tasks_per_doc: int) -> set[str]:
