@@ -394,3 +394,20 @@ def test_latencies_below_the_floor_compare_as_equal(gate: Gate) -> None:
     code, out, _ = gate.run(GATE_LATENCY_FLOOR_MS="0")
     assert code == 3, out
     assert "kafka processes slower than redis: e-value" in out
+
+
+def test_the_margins_are_set_by_the_next_share(gate: Gate) -> None:
+    """100 documents a path failing alike (10 %) bound Kafka's excess to some 28 points: not
+    shown within 25 points at 100 %, shown easily before a 5 % step."""
+    gate.verdicts(match=60)
+    gate.served("redis", finished=100, failed=10)
+    gate.served("kafka", finished=100, failed=10)
+    code, out, _ = gate.run()
+    assert code == 1, out
+    assert row(out, "margin: failed documents").endswith("hold")
+    assert "kafka documents more would show it" in out
+    code, out, _ = gate.run("--next-share", "5")
+    assert code == 0, out
+    assert "(next share 5 %)" in row(out, "margin: failed documents")
+    code, _, err = gate.run("--next-share", "0")
+    assert code == 2 and "--next-share: 0 is out of range" in err

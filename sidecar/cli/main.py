@@ -27,7 +27,7 @@ from sidecar.clock import now_ms
 from sidecar.config import Settings
 from sidecar.errors import SidecarError
 from sidecar.serve.drain import DEFAULT_TIMEOUT_S, drain_to_redis, render_drain, render_drain_json
-from sidecar.serve.gate import collect, parse_baseline, parse_window
+from sidecar.serve.gate import collect, parse_baseline, parse_next_share, parse_window
 from sidecar.serve.gate import render_json as render_gate_json
 from sidecar.serve.gate import render_table as render_gate_table
 from sidecar.serve.gate_checks import ROLLBACK
@@ -98,6 +98,12 @@ def _parser() -> argparse.ArgumentParser:
         "--baseline",
         help="the watch at 100 %%: the redis path from this time (as --window) until the "
         "window's start; the window's kafka tasks are also tested against it",
+    )
+    gate.add_argument(
+        "--next-share",
+        default="100",
+        help="the share (per cent) a promotion would serve, which sets the margins: the "
+        "excess allowed is each GATE_*_MARGIN_* over it (default 100)",
     )
     act = gate.add_mutually_exclusive_group()
     act.add_argument("--apply", action="store_true", help="on a roll-back, set the live share to 0")
@@ -215,7 +221,8 @@ async def _gate(settings: Settings, args: argparse.Namespace) -> int:
     now = now_ms()
     since = parse_window(args.window, now)
     baseline = None if args.baseline is None else parse_baseline(args.baseline, now, since)
-    report = await collect(settings, since, now, baseline)
+    next_share = parse_next_share(args.next_share)
+    report = await collect(settings, since, now, baseline, next_share=next_share)
     # Only a roll-back acts, and only downwards: promoting is the operator's (`shift --to`).
     if args.apply and report.decision == ROLLBACK:
         shift = await set_share(settings, 0.0, by="gate --apply", reason="; ".join(report.reasons))

@@ -157,6 +157,17 @@ def parse_window(text: str, now_ms: int, option: str = "--window") -> int:
     return since_ms
 
 
+def parse_next_share(text: str) -> float:
+    """``--next-share``: a percentage above 0, up to 100, as a fraction."""
+    try:
+        percent = float(text)
+    except ValueError:
+        raise ConfigError("--next-share", f"{text!r} is not a percentage") from None
+    if not 0.0 < percent <= 100.0:  # also refuses NaN
+        raise ConfigError("--next-share", f"{text} is out of range (above 0, up to 100)")
+    return percent / 100
+
+
 def parse_baseline(text: str, now_ms: int, since_ms: int) -> tuple[int, int]:
     """``--baseline``: from its start (as ``--window``, counted back from now) until the
     window's start ``since_ms``, so that no task is judged against itself."""
