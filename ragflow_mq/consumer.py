@@ -155,10 +155,12 @@ class ServeConsumer:
     def room(self) -> int:
         """Records this executor could start now: free slots less what waits in the buffers;
         none while as many records are parked as RAGFlow has slots."""
-        prefetch = self._settings.serve.prefetch
-        if self._parking is not None and len(self._parking.parked) >= prefetch:
+        if self._parking is not None and len(self._parking.parked) >= self._settings.serve.prefetch:
             return 0
-        return prefetch - self._hand.filled() - self._busy()
+        return self._free_slots()
+
+    def _free_slots(self) -> int:
+        return self._settings.serve.prefetch - self._hand.filled() - self._busy()
 
     async def _keep_fetching(self) -> None:
         """``run_fetch`` until ``stop()``, through Kafka's passing failures: a broker away
@@ -181,7 +183,7 @@ class ServeConsumer:
             now = time.monotonic()
             if parking is not None and parking.parked and now >= next_recheck:
                 next_recheck = now + _RECHECK_S
-                await parking.recheck(self.room())
+                await parking.recheck(self._free_slots())
             self._slot_freed.clear()
             room = self.room()
             if room <= 0:
