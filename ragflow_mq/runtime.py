@@ -24,6 +24,7 @@ from ragflow_mq.hand import KafkaTask
 from ragflow_mq.loop import BackgroundLoop
 from ragflow_mq.producer import ServeProducer
 from ragflow_mq.share import LiveShare
+from ragflow_mq.spread import Spread
 from sidecar.config import Settings
 from sidecar.config.routing import RouteTable
 from sidecar.transport.valkey_client import SOCKET_TIMEOUT_S, create_client
@@ -35,6 +36,8 @@ _ENTRY_ID = re.compile(r"^(\d+)-\d+$")
 _CONSUMER_RETRY_S = 5.0
 _CLOSE_TIMEOUT_S = 10.0
 _BACKLOG_REFRESH_S = 5.0
+# The executors' assignment changes only at a rebalance; a stale one deals less evenly.
+_SPREAD_REFRESH_S = 5.0
 
 
 class RedisTask:
@@ -81,6 +84,7 @@ class Runtime:
         self._state_sync: valkey.Valkey | None = None
         self.backlog = ServedBacklog(settings, self.routes)
         self._backlog_started = False
+        self.spread = Spread(settings)
         self.producer = self._new_producer()
         self.consumer: ServeConsumer | None = None
         self._lock = threading.Lock()
@@ -105,6 +109,7 @@ class Runtime:
         self._state_sync = None
         self.backlog = ServedBacklog(self.settings, self.routes)
         self._backlog_started = False
+        self.spread = Spread(self.settings)
         self.producer = self._new_producer()
         self.consumer = None
         self._starting = None
@@ -122,6 +127,7 @@ class Runtime:
             self.recorder,
             self.store,
             self.keys,
+            self.spread,
         )
 
     def store(self) -> Any:
@@ -167,6 +173,8 @@ class Runtime:
             # Read once before the first decision: after a roll-back the live share may be 0.
             self.read_share()
             self.loop.spawn(self._refresh_share, "ragflow-mq-share")
+            if self.settings.serve.percent > 0:
+                self.loop.spawn(self._refresh_spread, "ragflow-mq-spread")
             self.loop.spawn(self._flush_evidence, "ragflow-mq-evidence")
             self._background = True
 
@@ -174,6 +182,14 @@ class Runtime:
         while True:
             await asyncio.sleep(self.settings.serve.share_refresh_s)
             await asyncio.to_thread(self.read_share)
+
+    async def _refresh_spread(self) -> None:
+        try:
+            while True:
+                await self.spread.refresh()
+                await asyncio.sleep(_SPREAD_REFRESH_S)
+        finally:
+            await self.spread.close()
 
     async def _flush_evidence(self) -> None:
         while True:
