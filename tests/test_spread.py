@@ -29,7 +29,9 @@ def test_thirty_tasks_on_eight_partitions_give_three_executors_ten_each() -> Non
             }
         ]
     )
-    owner = {p: m for m, parts in zip("abc", ([0, 3, 6], [1, 4, 7], [2, 5])) for p in parts}
+    owner = {
+        p: m for m, parts in zip("abc", ([0, 3, 6], [1, 4, 7], [2, 5]), strict=True) for p in parts
+    }
     for document in ("doc-1", "doc-2", "x" * 40):
         dealt = [dealt_partition(document, turn, "t", range(8), layout) for turn in range(30)]
         assert Counter(owner[p] for p in dealt) == {"a": 10, "b": 10, "c": 10}
