@@ -92,6 +92,7 @@ class Runtime:
         self._consumer_retry_at = 0.0
         self._starting: concurrent.futures.Future[ServeConsumer] | None = None
         self.share = LiveShare(self.keys)
+        self._evidence_failing = False
         # Task id -> (path, document), while RAGFlow holds the task; and how many are Redis's.
         self._held: dict[str, tuple[str, str]] = {}
         self._held_on_redis = 0
@@ -159,7 +160,7 @@ class Runtime:
 
     def percent(self) -> float:
         self._ensure_background()
-        return self.share.values.served(self.settings.serve.percent)
+        return self.share.served(self.settings.serve.percent)
 
     def read_share(self) -> None:
         self.share.read(self.sync_store())
@@ -206,7 +207,14 @@ class Runtime:
             pipe.execute()
         except Exception as exc:
             self.recorder.restore(pending)
-            logger.warning("ragflow_mq could not write its evidence (kept for later): %s", exc)
+            if not self._evidence_failing:
+                self._evidence_failing = True
+                logger.warning(
+                    "ragflow_mq could not write its evidence (kept for later; once per outage): %s",
+                    exc,
+                )
+            return
+        self._evidence_failing = False
 
     def served_backlog(self, queue: str) -> int:
         """Served records of ``queue`` not yet acked, as last read (0 until the first read,
