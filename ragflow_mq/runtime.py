@@ -24,6 +24,7 @@ from ragflow_mq.hand import KafkaTask
 from ragflow_mq.loop import BackgroundLoop
 from ragflow_mq.producer import ServeProducer
 from ragflow_mq.share import LiveShare
+from ragflow_mq.spread import Spread
 from sidecar.config import Settings
 from sidecar.config.routing import RouteTable
 from sidecar.transport.valkey_client import SOCKET_TIMEOUT_S, create_client
@@ -35,6 +36,8 @@ _ENTRY_ID = re.compile(r"^(\d+)-\d+$")
 _CONSUMER_RETRY_S = 5.0
 _CLOSE_TIMEOUT_S = 10.0
 _BACKLOG_REFRESH_S = 5.0
+# The executors' assignment changes only at a rebalance; a stale one deals less evenly.
+_SPREAD_REFRESH_S = 5.0
 
 
 class RedisTask:
@@ -85,6 +88,7 @@ class Runtime:
         self._state_sync: valkey.Valkey | None = None
         self.backlog = ServedBacklog(settings, self.routes)
         self._backlog_started = False
+        self.spread = Spread(settings)
         self.producer = self._new_producer()
         self.consumer: ServeConsumer | None = None
         self._lock = threading.Lock()
@@ -92,6 +96,7 @@ class Runtime:
         self._consumer_retry_at = 0.0
         self._starting: concurrent.futures.Future[ServeConsumer] | None = None
         self.share = LiveShare(self.keys)
+        self._evidence_failing = False
         # Task id -> (path, document), while RAGFlow holds the task; and how many are Redis's.
         self._held: dict[str, tuple[str, str]] = {}
         self._held_on_redis = 0
@@ -113,6 +118,7 @@ class Runtime:
         self._state_sync = None
         self.backlog = ServedBacklog(self.settings, self.routes)
         self._backlog_started = False
+        self.spread = Spread(self.settings)
         self.producer = self._new_producer()
         self.consumer = None
         self._starting = None
@@ -131,6 +137,7 @@ class Runtime:
             self.recorder,
             self.store,
             self.keys,
+            self.spread,
         )
 
     def store(self) -> Any:
@@ -162,7 +169,7 @@ class Runtime:
 
     def percent(self) -> float:
         self._ensure_background()
-        return self.share.values.served(self.settings.serve.percent)
+        return self.share.served(self.settings.serve.percent)
 
     def read_share(self) -> None:
         self.share.read(self.sync_store())
@@ -176,6 +183,8 @@ class Runtime:
             # Read once before the first decision: after a roll-back the live share may be 0.
             self.read_share()
             self.loop.spawn(self._refresh_share, "ragflow-mq-share")
+            if self.settings.serve.percent > 0:
+                self.loop.spawn(self._refresh_spread, "ragflow-mq-spread")
             self.loop.spawn(self._flush_evidence, "ragflow-mq-evidence")
             self._background = True
 
@@ -183,6 +192,14 @@ class Runtime:
         while True:
             await asyncio.sleep(self.settings.serve.share_refresh_s)
             await asyncio.to_thread(self.read_share)
+
+    async def _refresh_spread(self) -> None:
+        try:
+            while True:
+                await self.spread.refresh()
+                await asyncio.sleep(_SPREAD_REFRESH_S)
+        finally:
+            await self.spread.close()
 
     async def _flush_evidence(self) -> None:
         while True:
@@ -199,7 +216,14 @@ class Runtime:
             pipe.execute()
         except Exception as exc:
             self.recorder.restore(pending)
-            logger.warning("ragflow_mq could not write its evidence (kept for later): %s", exc)
+            if not self._evidence_failing:
+                self._evidence_failing = True
+                logger.warning(
+                    "ragflow_mq could not write its evidence (kept for later; once per outage): %s",
+                    exc,
+                )
+            return
+        self._evidence_failing = False
 
     def served_backlog(self, queue: str) -> int:
         """Served records of ``queue`` not yet acked, as last read (0 until the first read,
