@@ -140,6 +140,8 @@ def test_the_served_paths_defaults() -> None:
         ("SERVE_CAP_REFRESH_S", "renamed SERVE_SHARE_REFRESH_S"),
         ("SERVE_MAX_ATTEMPTS", "retry_count"),
         ("SERVE_REVOKE_WAIT_S", "claims"),
+        ("ROLLOUT_MIN_TASKS", "renamed ROLLOUT_MIN_DOCUMENTS"),
+        ("GATE_MIN_SAMPLE", "GATE_MIN_DOCUMENTS .finished documents a path. and GATE_MIN_VERDICTS"),
     ],
 )
 def test_a_retired_variable_stops_the_start_naming_it(variable: str, said: str) -> None:

@@ -60,7 +60,10 @@ class ServeSettings:
 class GateSettings:
     """What ``ragflow-sidecar gate`` requires of the served share (canary analysis)."""
 
-    min_sample: int = 200  # tasks per path, and judged verdicts, below which it holds
+    # Finished documents a path (and in the baseline) below which it holds: the tests count
+    # documents, so their minimum does too (GATE_MIN_SAMPLE counted tasks until issue 30).
+    min_documents: int = 50
+    min_verdicts: int = 200  # judged verdicts (one a task) below which it holds
     min_match_percent: float = 99.9  # judged tasks matching; below: roll back
     max_missing: int = 0  # missing_in_kafka + missing_in_redis verdicts; above: roll back
     # The chance that the sequential tests roll back a healthy shift, for a whole rollout
@@ -71,6 +74,19 @@ class GateSettings:
     # Latencies under this compare as equal: a 5 ms task is not 2.5x slower than a 2 ms one in
     # any way that matters, and a path's own overhead of milliseconds is no regression.
     latency_floor_ms: float = 1000.0
+    # Non-inferiority (sidecar/serve/margins.py): a step is promoted only once the evidence
+    # shows Kafka no worse than this, as a cost to all documents at the next step's share.
+    failed_margin_points: float = 2.0  # failed documents, points
+    processing_margin_ratio: float = 1.2  # typical processing time, Kafka over Redis
+    queue_wait_margin_ratio: float = 1.5  # typical queue wait, Kafka over Redis
+
+    @property
+    def margins(self) -> dict[str, float]:
+        return {
+            "failed": self.failed_margin_points,
+            "processing": self.processing_margin_ratio,
+            "queue_wait": self.queue_wait_margin_ratio,
+        }
 
 
 def _alpha(reader: Reader, name: str, default: float, _: Mapping[str, Any]) -> float:
@@ -108,11 +124,15 @@ SERVE = Table(
 )
 GATE = Table(
     GateSettings,
-    Var("GATE_MIN_SAMPLE", "min_sample", integer(1)),
+    Var("GATE_MIN_DOCUMENTS", "min_documents", integer(1)),
+    Var("GATE_MIN_VERDICTS", "min_verdicts", integer(1)),
     Var("GATE_MIN_MATCH_PERCENT", "min_match_percent", number(0.0, 100.0)),
     Var("GATE_MAX_MISSING", "max_missing", integer(0)),
     Var("GATE_ALPHA", "alpha", _alpha),
     Var("GATE_LATENCY_FLOOR_MS", "latency_floor_ms", number(0.0, 3_600_000.0)),
+    Var("GATE_FAILED_MARGIN_POINTS", "failed_margin_points", number(0.01, 100.0)),
+    Var("GATE_PROCESSING_MARGIN_RATIO", "processing_margin_ratio", number(1.01, 100.0)),
+    Var("GATE_QUEUE_WAIT_MARGIN_RATIO", "queue_wait_margin_ratio", number(1.01, 100.0)),
 )
 SERVE_VARIABLES: tuple[str, ...] = SERVE.names
 GATE_VARIABLES: tuple[str, ...] = GATE.names
