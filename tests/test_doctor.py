@@ -234,3 +234,27 @@ async def test_orphans_of_a_gone_pod_are_reported_requeued_once_and_run_once(
     assert len(records) == 5
     assert {fields[b"consumer"].decode() for _, fields in records} == {gone}
     assert all(fields[b"to_id"] for _, fields in records)
+
+
+async def test_the_lag_ragflow_shows_is_checked_against_the_backlog(
+    servers: Callable[..., LocalValkey],
+) -> None:
+    server = servers("ragflow", aof=True)
+    await _configure(server.url, maxmemory_policy="noeviction")
+    client = avalkey.Valkey.from_url(server.url)
+    try:
+        for stream in ("te.1.common", "te.0.common"):
+            await client.xgroup_create(stream, GROUP, id="0", mkstream=True)
+            ids = [await client.xadd(stream, {"message": f'{{"id": "{n}"}}'}) for n in range(4)]
+        # te.0.common: one entry read, then one unread deleted: Valkey can no longer count the
+        # lag (nil), and RAGFlow shows no queue position.
+        await client.xreadgroup(GROUP, "task_executor_common_a_0", {"te.0.common": ">"}, count=1)
+        await client.xdel("te.0.common", ids[2])
+    finally:
+        await client.aclose()
+    result = await asyncio.to_thread(_doctor, server.url)
+    lags = {line.split()[2].rstrip(":"): line for line in _lines(result, "ragflow-valkey.lag")}
+    assert lags["te.1.common"].startswith("OK") and "lag 4 matches" in lags["te.1.common"]
+    assert lags["te.0.common"].startswith("NOTE") and "lag is nil" in lags["te.0.common"]
+    assert "2 entries are undelivered" in lags["te.0.common"]
+    assert "1 delivered and not yet acked" in lags["te.0.common"]
