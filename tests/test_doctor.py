@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,9 +19,13 @@ from pathlib import Path
 
 import pytest
 import valkey.asyncio as avalkey
+from prometheus_client import generate_latest
 
+from sidecar.config import Settings
 from sidecar.dev.local_stack.valkey import LocalValkey
+from sidecar.doctor.poller import DoctorPoller, register_doctor_metrics
 from sidecar.doctor.requeue import REQUEUED_KEY
+from sidecar.telemetry.metrics import SidecarMetrics
 from tests.conftest import free_port
 from tests.ragflow_support import (
     StandinProcess,
@@ -258,3 +263,60 @@ async def test_the_lag_ragflow_shows_is_checked_against_the_backlog(
     assert lags["te.0.common"].startswith("NOTE") and "lag is nil" in lags["te.0.common"]
     assert "2 entries are undelivered" in lags["te.0.common"]
     assert "1 delivered and not yet acked" in lags["te.0.common"]
+
+
+def _series(metrics: SidecarMetrics) -> dict[str, float]:
+    """The doctor's samples in a scrape, by name with its own labels (not OpenTelemetry's)."""
+    found: dict[str, float] = {}
+    for line in generate_latest(metrics.registry).decode().splitlines():
+        match = re.match(r"^(ragflow_sidecar_(?:doctor|orphaned)_\w+)\{(.*)\} (\S+)$", line)
+        if match:
+            labels = re.findall(r'(\w+)="([^"]*)"', match.group(2))
+            own = ",".join(f'{k}="{v}"' for k, v in labels if not k.startswith("otel_"))
+            found[f"{match.group(1)}{{{own}}}"] = float(match.group(3))
+    return found
+
+
+async def test_the_findings_and_orphans_are_on_metrics(
+    servers: Callable[..., LocalValkey],
+) -> None:
+    server = servers("ragflow", aof=False)
+    await _configure(server.url, maxmemory="128mb", maxmemory_policy="allkeys-lru", save="")
+    settings = Settings.from_env({"REDIS_URL": server.url})
+    client = avalkey.Valkey.from_url(server.url)
+    metrics = SidecarMetrics()
+    poller = DoctorPoller(settings, client, None, interval_s=0.1, older_than_ms=500)
+    register_doctor_metrics(metrics, poller)
+    try:
+        await client.xgroup_create("te.0.common", GROUP, id="0", mkstream=True)
+        for n in range(3):
+            await client.xadd("te.0.common", {"message": f'{{"id": "{n}"}}'})
+        await client.xreadgroup(GROUP, "task_executor_common_gone_0", {"te.0.common": ">"}, count=3)
+        assert _series(metrics) == {}  # unknown before the first reading: absent, not 0
+        async with poller:
+            orphans = 'ragflow_sidecar_orphaned_pending_entries{stream="te.0.common"}'
+
+            async def seen() -> bool:
+                return _series(metrics).get(orphans) == 3
+
+            await wait_until(seen, 10, what="the orphans on /metrics")
+            series = _series(metrics)
+            assert series['ragflow_sidecar_orphaned_pending_oldest_seconds{stream="te.0.common"}'] >= 0.5  # fmt: skip
+            risks = {k for k, v in series.items() if 'severity="risk"' in k and v}
+            assert risks == {
+                f'ragflow_sidecar_doctor_findings{{check="{check}",severity="risk"}}'
+                for check in (
+                    "ragflow-valkey.eviction",
+                    "ragflow-valkey.persistence",
+                    "executors.orphans",
+                )
+            }
+            await client.xack("te.0.common", GROUP, *[i for i, _ in await client.xrange("te.0.common")])  # fmt: skip
+
+            async def cleared() -> bool:
+                return _series(metrics).get(orphans) == 0
+
+            await wait_until(cleared, 10, what="no orphan on /metrics once acked")
+    finally:
+        await client.aclose()
+        metrics.shutdown()

@@ -9,16 +9,15 @@ from typing import Final
 
 from sidecar.app.state_store import shares_ragflows_valkey
 from sidecar.config import Settings
-from sidecar.doctor.executors import consumer_findings, lag_findings, read_consumers
-from sidecar.doctor.findings import Finding, exit_code, render
+from sidecar.doctor.collect import read_executors, read_stores
+from sidecar.doctor.executors import DEFAULT_OLDER_THAN
+from sidecar.doctor.findings import exit_code, render
 from sidecar.doctor.requeue import REQUEUED_KEY, requeue_orphans
-from sidecar.doctor.stores import store_findings
-from sidecar.errors import ConfigError, SidecarError
+from sidecar.errors import ConfigError
 from sidecar.transport.valkey_client import create_client
 
-# Twice RAGFlow's longest task timeout (do_handle_task, 3 h): a consumer silent this long with
-# entries in hand is not working on them.
-DEFAULT_OLDER_THAN: Final = "6h"
+__all__ = ["DEFAULT_OLDER_THAN", "doctor", "parse_older_than"]
+
 _DURATION: Final = re.compile(r"^([0-9]+)\s*(s|m|h|d)$")
 _UNIT_MS: Final = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
@@ -33,40 +32,22 @@ def parse_older_than(text: str) -> int:
 
 async def doctor(settings: Settings, older_than_ms: int, requeue: bool) -> int:
     ragflow = create_client(settings.redis)
-    shared = shares_ragflows_valkey(settings)
-    state = None if shared else create_client(settings.state)
-    where = settings.redis.display_url
+    state = None if shares_ragflows_valkey(settings) else create_client(settings.state)
     try:
-        findings = await store_findings("ragflow-valkey", ragflow, where, shared=shared)
-        if state is None:
-            findings.append(
-                Finding(
-                    "state-store.location",
-                    "note",
-                    where,
-                    "the state store is RAGFlow's Valkey (SIDECAR_STATE_URL unset or the same "
-                    "server): the claims can lose what RAGFlow's Valkey can",
+        findings = await read_stores(settings, ragflow, state)
+        reading = await read_executors(settings, ragflow, older_than_ms)
+        if requeue:
+            where = settings.redis.display_url
+            moves, refused = await requeue_orphans(ragflow, reading.consumers, older_than_ms, where)
+            for move in moves:
+                print(
+                    f"requeued {move.stream} {move.from_id} of {move.consumer} as "
+                    f"{move.to_id or '(entry gone: acked only)'}"
                 )
-            )
-        else:
-            findings += await store_findings("state-store", state, settings.state.display_url)
-        streams = settings.mirror.streams
-        try:
-            consumers, groups = await read_consumers(ragflow, streams, where)
-            if requeue:
-                moves, refused = await requeue_orphans(ragflow, consumers, older_than_ms, where)
-                for move in moves:
-                    print(
-                        f"requeued {move.stream} {move.from_id} of {move.consumer} as "
-                        f"{move.to_id or '(entry gone: acked only)'}"
-                    )
-                print(f"requeued {len(moves)} entries (recorded in {REQUEUED_KEY})")
-                findings += refused
-                consumers, groups = await read_consumers(ragflow, streams, where)
-            findings += consumer_findings(consumers, older_than_ms)
-            findings += await lag_findings(ragflow, groups, where)
-        except SidecarError as exc:
-            findings.append(Finding("executors.reachable", "unknown", where, str(exc)))
+            print(f"requeued {len(moves)} entries (recorded in {REQUEUED_KEY})")
+            findings += refused
+            reading = await read_executors(settings, ragflow, older_than_ms)
+        findings += reading.findings
     finally:
         await ragflow.aclose()
         if state is not None:

@@ -22,6 +22,10 @@ from sidecar.observer.observer import RAGFLOW_GROUP
 from sidecar.text import as_text
 from sidecar.transport.valkey_client import translate_valkey_errors
 
+# Twice RAGFlow's longest task timeout (do_handle_task, 3 h): a consumer silent this long with
+# entries in hand is not working on them. The command's default and what /metrics uses.
+DEFAULT_OLDER_THAN: Final = "6h"
+DEFAULT_OLDER_THAN_MS: Final = 6 * 3_600_000
 # Entries counted past the group's last-delivered id to check its lag; a longer backlog is
 # reported as "at least" this many.
 LAG_COUNT_LIMIT: Final = 10_000
