@@ -143,11 +143,12 @@ class ServeConsumer:
     # -- fetching ----------------------------------------------------------------------------
 
     def room(self) -> int:
-        """Records this executor could start now: free slots less what waits in the buffers;
-        none while as many records are parked as RAGFlow has slots."""
-        if self._parking is not None and len(self._parking.parked) >= self._settings.serve.prefetch:
-            return 0
-        return self._free_slots()
+        """Records this executor could start now: free slots less what waits in the buffers,
+        and never more parked records than RAGFlow has slots."""
+        free = self._free_slots()
+        if self._parking is None:
+            return free
+        return min(free, self._settings.serve.prefetch - len(self._parking.parked))
 
     def _free_slots(self) -> int:
         return self._settings.serve.prefetch - self._hand.filled() - self._busy()
@@ -213,13 +214,18 @@ class ServeConsumer:
     async def _run_alive(self) -> None:
         """Liveness, the claims in hand asserted again, and pending tasks of gone holders
         taken for free slots, every ``SERVE_CLAIM_REFRESH_S``."""
+        failing = False  # one warning an outage, not one a refresh
         while not self._stopping.is_set():
             await asyncio.sleep(self._settings.serve.claim_refresh_s)
             assert self._upkeep is not None
             try:
                 await self._upkeep.refresh(self.room())
             except SidecarError as exc:
-                logger.warning("could not refresh this executor's liveness: %s", exc)
+                if not failing:
+                    logger.warning("could not refresh this executor's liveness: %s", exc)
+                failing = True
+            else:
+                failing = False
 
     async def _accept(self, batch: list[QueueMessage]) -> None:
         assert self._consumer is not None and self._dlq is not None
