@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
 import valkey.asyncio as avalkey
 
 from sidecar.app.wiring import StandaloneMirror, running_mirror
@@ -23,6 +24,8 @@ from tests.mirror_support import (
     ragflow_worker,
     read_mirrored,
 )
+
+pytestmark = pytest.mark.kafka39
 
 UGLY = [
     {"id": "u1", "doc_id": "du1", "name": "\u00fc\u6587\u6863 \ud83d\ude00", "to_page": 100000000},
