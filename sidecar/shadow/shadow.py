@@ -240,7 +240,8 @@ class ShadowConsumer(Lifecycle):
             # the first copy's order stands for both. The copy comes after later entries of
             # its key by nature; taken as a violation, it made a false order mismatch.
             return self._ordered[ref]
-        violation = self._order.observe(order_key(message, ref.stream), ref.entry_id)
+        key = order_key(message, ref.stream)
+        violation = self._order.observe(key, ref.entry_id) if key is not None else None
         after = str(violation.right) if violation is not None else None
         self._ordered[ref] = after
         return after
