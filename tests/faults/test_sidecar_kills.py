@@ -13,8 +13,10 @@ from tests.faults.support import (
     FaultRow,
     Share,
     SidecarProcess,
+    acked_more,
     assert_one_verdict_each,
     kill_repeatedly,
+    wait_until,
 )
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(420)]
@@ -47,3 +49,63 @@ async def test_kill_9_of_the_whole_sidecar_five_times(
             f"verdicts {dict(kinds)}, dead claims taken over {takeovers}",
         )
     )
+
+
+async def test_two_replicas_one_killed_and_replaced_under_a_new_name(
+    share: Share, tmp_path: Path, fault_table: list[FaultRow]
+) -> None:
+    """Two replicas of `run` as a Deployment runs them (distinct stable names); one is killed
+    -9 and a rescheduled pod takes its place under a new name. Every task gets one verdict,
+    and no false `order` mismatch comes of two mirrors sharing a stream (or of the dead one's
+    entries taken over). The verdicts' stall after the kill goes to the fault table: the
+    shadow's session timeout (SHADOW_SESSION_TIMEOUT_MS, 30 s) plus a rebalance."""
+    total = 3000
+
+    def replica(name: str) -> dict[str, str]:
+        return share.env(
+            SIDECAR_INSTANCE=f"sidecar-{share.stream}-{name}",
+            MIRROR_CONSUMER=f"mirror-{share.stream}-{name}",
+        )
+
+    worker = share.worker(total)
+    # About 30 s of RAGFlow enqueueing, so that the kill and the replacement fall inside it.
+    producer = share.producer(total, chunk=100, pause_s=1.0)
+    # The pod that comes later: closed (killed if still running) whatever happens.
+    replacement = SidecarProcess(["run"], replica("c"), tmp_path / "c.log")
+    with (
+        SidecarProcess(["run"], replica("a"), tmp_path / "a.log") as first,
+        SidecarProcess(["run"], replica("b"), tmp_path / "b.log") as second,
+    ):
+        try:
+            await wait_until(share.has_verdicts, "the first verdicts", timeout_s=120)
+            await wait_until(
+                lambda: acked_more(share.client, share.stream, share.mirror_group),
+                "the mirrors to ack entries",
+                timeout_s=60,
+                interval_s=0.05,
+            )
+            first.kill()
+            killed_ms = int(time.time() * 1000)
+            replacement.start()  # a new pod, a new name
+            ids = await producer
+            verdicts = await share.judged(total, timeout_s=240)
+            assert second.stop() == 0
+            assert replacement.stop() == 0
+        finally:
+            replacement.close()
+    kinds = assert_one_verdict_each(verdicts, ids)
+    row = await share.assert_intact(total, ids, worker, crashes=1)
+    after = sorted(
+        int(v["decided_at_ms"]) for v in verdicts if int(v["decided_at_ms"]) >= killed_ms
+    )
+    stall_s = max(b - a for a, b in zip([killed_ms, *after], after, strict=False)) / 1000
+    fault_table.append(
+        FaultRow.of(
+            "two run replicas, one kill -9, replaced under a new name",
+            row,
+            stall_s,
+            f"longest pause between verdicts after the kill {stall_s:.1f} s; "
+            f"verdicts {dict(kinds)}",
+        )
+    )
+    print(f"\nlongest pause between verdicts after the kill: {stall_s:.1f} s")
