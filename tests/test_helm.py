@@ -42,6 +42,8 @@ KUBERNETES_VERSIONS = ("1.25.0", kubernetes_validate.utils.latest_version() + ".
 # What the chart's pods may be given besides the sidecar's settings: the standard variables the
 # OpenTelemetry SDK reads itself.
 OTEL_SDK_VARIABLES = frozenset({"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"})
+# What Kubernetes puts in a variable taken from the pod's name (fieldRef metadata.name).
+POD_NAME = "ragflow-kafka-sidecar-0"
 # Stand-ins for what a Secret holds, so that the sidecar's own validation runs on the rest.
 SECRET_VALUES = {
     "REDIS_URL": "redis://:secret@ragflow-redis.ragflow.svc:6379/1",
@@ -99,6 +101,11 @@ def _kind(manifests: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [m for m in manifests if m["kind"] == kind]
 
 
+def _part(manifests: list[dict[str, Any]], kind: str, component: str) -> dict[str, Any]:
+    (found,) = [m for m in _kind(manifests, kind) if m["metadata"]["labels"].get("app.kubernetes.io/component") == component]  # fmt: skip
+    return found
+
+
 def _pod_specs(manifests: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
     for m in manifests:
         if m["kind"] in ("Deployment", "StatefulSet", "Job"):
@@ -140,7 +147,7 @@ def test_every_manifest_is_valid_against_the_kubernetes_schemas(
 def test_the_schema_validation_refuses_a_manifest_kubernetes_would(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
-    (deployment, *_) = _kind(rendered["minimal"], "Deployment")
+    deployment = _part(rendered["minimal"], "StatefulSet", "sidecar")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     broken = {**deployment, "spec": {**deployment["spec"], "template": {"spec": {"containers": [{**container, "livenessProbe": {"httpGet": {"path": "/healthz"}}}]}}}}  # fmt: skip
     with pytest.raises(kubernetes_validate.ValidationError, match="port"):
@@ -153,34 +160,38 @@ def test_the_schema_validation_refuses_a_manifest_kubernetes_would(
 def test_the_parts_each_values_file_renders(rendered: dict[str, list[dict[str, Any]]]) -> None:
     kinds = {name: sorted(m["kind"] for m in manifests) for name, manifests in rendered.items()}
     for name in CI_VALUES:
-        for kind in ("Deployment", "Service", "Job", "PodDisruptionBudget", "NetworkPolicy"):
+        for kind in ("StatefulSet", "Service", "Job", "PodDisruptionBudget", "NetworkPolicy"):
             assert kind in kinds[name], (name, kind)
         assert kinds[name].count("ConfigMap") == 2  # the two dashboards
         assert "ServiceMonitor" in kinds[name] and "PrometheusRule" in kinds[name]
     # The autopilot is off and the state store absent unless asked for.
-    assert kinds["minimal"].count("Deployment") == 1 and "StatefulSet" not in kinds["minimal"]
-    assert "StatefulSet" in kinds["production"]
-    rollout = [d for d in _kind(rendered["autopilot"], "Deployment") if d["metadata"]["name"].endswith("-rollout")]  # fmt: skip
-    assert len(rollout) == 1 and rollout[0]["spec"]["replicas"] == 2
-    assert rollout[0]["spec"]["template"]["spec"]["containers"][0]["args"] == ["rollout", "run"]
+    assert "Deployment" not in kinds["minimal"] and kinds["minimal"].count("StatefulSet") == 1
+    assert kinds["production"].count("StatefulSet") == 2
+    rollout = _part(rendered["autopilot"], "Deployment", "rollout")
+    assert rollout["spec"]["replicas"] == 2
+    assert rollout["spec"]["template"]["spec"]["containers"][0]["args"] == ["rollout", "run"]
 
 
 def test_the_operator_kinds_render_only_where_their_api_exists() -> None:
     kinds = {m["kind"] for m in _manifests(_template(CI_VALUES["production"], apis=()))}
     assert not kinds & {"ServiceMonitor", "PrometheusRule"}
-    assert {"Deployment", "ConfigMap"} <= kinds
+    assert {"StatefulSet", "ConfigMap"} <= kinds
 
 
-def test_run_has_its_probes_on_the_metrics_port_and_one_process_at_a_time(
+def test_run_has_its_probes_on_the_metrics_port_and_a_stable_name_per_pod(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
     for manifests in rendered.values():
-        (run,) = [d for d in _kind(manifests, "Deployment") if not d["metadata"]["name"].endswith("-rollout")]  # fmt: skip
-        # Stable consumer and member names are held by one process: no surge pod beside it.
-        assert run["spec"]["strategy"] == {"type": "Recreate"}
+        run = _part(manifests, "StatefulSet", "sidecar")
+        # A pod keeps its name through restarts: one process per mirror consumer and shadow
+        # member name, replaced in place by a rolling update.
+        assert run["spec"]["updateStrategy"] == {"type": "RollingUpdate"}
         assert run["spec"]["replicas"] == 1
         (container,) = run["spec"]["template"]["spec"]["containers"]
         assert container["args"] == ["run"]
+        names = {e["name"]: e.get("valueFrom") for e in container["env"]}
+        pod_name = {"fieldRef": {"fieldPath": "metadata.name"}}
+        assert names["SIDECAR_INSTANCE"] == names["MIRROR_CONSUMER"] == pod_name
         (port,) = container["ports"]
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert (
@@ -192,9 +203,15 @@ def test_run_has_its_probes_on_the_metrics_port_and_one_process_at_a_time(
         # SHUTDOWN_GRACE_S to finish the batch, then closing: the kubelet waits longer.
         grace = float(env.get("SHUTDOWN_GRACE_S") or 25)
         assert run["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] >= grace + 10
-        (service,) = _kind(manifests, "Service")[:1]
+        service = _part(manifests, "Service", "sidecar")
+        assert run["spec"]["serviceName"] == service["metadata"]["name"]
         assert service["spec"]["ports"][0]["targetPort"] == "metrics"
         assert service["spec"]["selector"].items() <= run["spec"]["template"]["metadata"]["labels"].items()  # fmt: skip
+
+
+def test_two_replicas_of_run_each_take_their_pods_name() -> None:
+    manifests = _manifests(_template(CI_VALUES["minimal"], sets=("sidecar.replicas=2",)))
+    assert _part(manifests, "StatefulSet", "sidecar")["spec"]["replicas"] == 2
 
 
 def test_init_topics_is_a_hook_before_install_and_upgrade(
@@ -216,7 +233,7 @@ def test_init_topics_is_a_hook_before_install_and_upgrade(
 def test_the_state_store_never_evicts_and_keeps_an_append_only_file(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
-    (store,) = _kind(rendered["production"], "StatefulSet")
+    store = _part(rendered["production"], "StatefulSet", "state-store")
     assert store["spec"]["replicas"] == 1
     args = store["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--maxmemory-policy") + 1] == "noeviction"
@@ -244,7 +261,10 @@ def _environment(container: dict[str, Any], files: Path) -> dict[str, str]:
     env: dict[str, str] = {}
     for item in container["env"]:
         name = item["name"]
-        if "valueFrom" in item:
+        if "valueFrom" in item and "fieldRef" in item["valueFrom"]:
+            assert item["valueFrom"]["fieldRef"] == {"fieldPath": "metadata.name"}, item
+            env[name] = POD_NAME
+        elif "valueFrom" in item:
             assert set(item["valueFrom"]) == {"secretKeyRef"}, item
             env[name] = SECRET_VALUES[name]
         else:
@@ -270,10 +290,8 @@ def test_every_variable_rendered_is_a_setting_and_the_sidecar_accepts_them(
         assert not unknown, f"{container['name']}: not settings of the sidecar: {sorted(unknown)}"
         assert len(env) == len(container["env"]), "a variable twice"
         settings = Settings.from_env(environ=env)
-        assert (
-            settings.shadow.stable_instance and settings.shadow.instance == "ragflow-kafka-sidecar"
-        )
-        assert settings.mirror.consumer == "ragflow-kafka-sidecar"
+        assert settings.shadow.stable_instance and settings.shadow.instance == POD_NAME
+        assert settings.mirror.consumer == POD_NAME
     # run, rollout and init-topics read one configuration.
     assert all(env == environments[0] for env in environments)
     values = yaml.safe_load(CI_VALUES[name].read_text(encoding="utf-8"))
@@ -303,7 +321,7 @@ def test_secrets_come_from_existing_secrets_never_from_values(
 ) -> None:
     assert not _kind(rendered["production"], "Secret")
     for container in _sidecar_containers(rendered["production"]):
-        refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if "valueFrom" in e}  # fmt: skip
+        refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if "secretKeyRef" in e.get("valueFrom", {})}  # fmt: skip
         assert refs == {
             "REDIS_URL": {"name": "ragflow-sidecar-redis", "key": "REDIS_URL"},
             "KAFKA_SASL_USERNAME": {"name": "ragflow-sidecar-kafka", "key": "username"},
@@ -370,7 +388,8 @@ REFUSED = [
     (("settings.REDIS_URL=redis://x:6379/1",), "REDIS_URL"),
     (("settings.MIRROR_BACH=10",), "MIRROR_BACH"),
     (("settings.SERVE_SESSION_TIMEOUT_MS=1000",), "SERVE_SESSION_TIMEOUT_MS"),
-    (("sidecar.replicas=2",), "replicas"),
+    (("sidecar.replicas=3",), "replicas"),
+    (("sidecar.replicas=2", "sidecar.instance=sidecar-a"), "leave them blank with sidecar.replicas above 1"),
     (("autopilot.replicas=3",), "replicas"),
     (("kafka.securityProtocol=SASL_SSL",), "existingSecret"),
     (("kafka.securityProtocol=TLS",), "securityProtocol"),
