@@ -27,6 +27,7 @@ import yaml
 
 import sidecar.config as sidecar_settings
 from sidecar.config import Settings
+from sidecar.dev.local_stack.kafka import cache_root
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "compose" / "helm" / "ragflow-kafka-sidecar"
@@ -53,12 +54,8 @@ SECRET_VALUES = {
 
 
 def _helm() -> str:
-    path = os.environ.get("HELM") or str(
-        Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-        / "ragflow-kafka-sidecar"
-        / "helm-v4.3.2"
-        / "helm"
-    )
+    # make pytest names it; else where the Makefile's HELM_VERSION is built by default.
+    path = os.environ.get("HELM") or str(cache_root() / "helm-v4.3.2" / "helm")
     if not (shutil.which(path) or (Path(path).is_file() and os.access(path, os.X_OK))):
         pytest.fail(
             f"helm is not at {path}: run `make helm` (it builds Helm from the Go module proxy "
