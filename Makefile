@@ -51,7 +51,7 @@ system-deps:
 	    && cd / && rm -rf "$$tmp"; \
 	fi
 
-# Helm renders and lints the chart in compose/helm/ (tests/test_helm.py): built from the Go module
+# Helm renders and lints the chart in compose/helm/ (tests/test_helm*.py): built from the Go module
 # proxy with the installed Go and cached beside Kafka's jars, so it is built once per version
 # (a few minutes on 2 CPUs) and never downloaded at test time. The tests find it through HELM.
 HELM_VERSION ?= v4.3.2
