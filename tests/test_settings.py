@@ -334,3 +334,10 @@ def test_a_crashed_shadows_partitions_move_within_45_s_by_default() -> None:
     assert (
         Settings.from_env({"SHADOW_SESSION_TIMEOUT_MS": "6000"}).shadow.session_timeout_ms == 6000
     )
+    # A heartbeat every third of the session, 3 s at most.
+    assert settings.shadow.group_timing_ms == {
+        "session_timeout_ms": 30_000,
+        "heartbeat_interval_ms": 3_000,
+    }
+    shortest = Settings.from_env({"SHADOW_SESSION_TIMEOUT_MS": "6000"}).shadow
+    assert shortest.group_timing_ms["heartbeat_interval_ms"] == 2_000

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from sidecar.transport.options import Secret
 
@@ -80,6 +80,15 @@ class ShadowSettings:
     # SIDECAR_INSTANCE was given: a name that survives restarts, so the shadow consumer joins
     # its group as a static member and gets its partitions back at once after a crash.
     stable_instance: bool = False
+
+    @property
+    def group_timing_ms(self) -> dict[str, Any]:
+        """The shadow consumer's session and heartbeat: a heartbeat every third of the session,
+        as Kafka advises, and no slower than the client's default 3 s."""
+        return {
+            "session_timeout_ms": self.session_timeout_ms,
+            "heartbeat_interval_ms": min(3_000, self.session_timeout_ms // 3),
+        }
 
 
 @dataclass(frozen=True)

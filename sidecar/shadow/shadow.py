@@ -114,9 +114,7 @@ class ShadowConsumer(Lifecycle):
             # Static membership only for a stable name: a member that leaves for good does not
             # say so, and a name per pid would hold its partitions for a session timeout.
             group_instance_id=settings.shadow.instance if settings.shadow.stable_instance else None,
-            session_timeout_ms=settings.shadow.session_timeout_ms,
-            # A third of the session, as Kafka advises, and no slower than the default's 3 s.
-            heartbeat_interval_ms=min(3_000, settings.shadow.session_timeout_ms // 3),
+            **settings.shadow.group_timing_ms,
             **(consumer_overrides or {}),
         )
         self._dlq = dlq
