@@ -139,6 +139,8 @@ E2E_BENCH_ARGS     ?=
 E2E_SATURATION_ARGS ?= --rate 5000 --seconds 60 --warmup-s 60 --handler noop
 SERVE_BENCH_ARGS   ?=
 SERVE_LATENCY_BENCH_ARGS ?=
+# One 30-task document on 3 executors x 5 slots, 6 s tasks, Redis then Kafka: ~1 minute.
+DOCUMENT_BENCH_ARGS ?=
 # What install() costs one RAGFlow process (start-up, RSS, threads, CPU idle and served): ~3 min.
 FOOTPRINT_BENCH_ARGS ?=
 TRACING_BENCH_ARGS ?= --entries 5000 --mirror-entries 50000
@@ -168,6 +170,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/serve_throughput.py $(SERVE_BENCH_ARGS)
 	@$(LOADAVG)
 	$(BIN)/python bench/serve_latency.py $(SERVE_LATENCY_BENCH_ARGS)
+	@$(LOADAVG)
+	$(BIN)/python bench/document_parallelism.py $(DOCUMENT_BENCH_ARGS)
 	@$(LOADAVG)
 	$(BIN)/python bench/ragflow_mq_footprint.py $(FOOTPRINT_BENCH_ARGS)
 	@$(LOADAVG)

@@ -32,7 +32,14 @@ from sidecar.serve.gate import collect, parse_baseline, parse_window
 from sidecar.serve.gate import render_json as render_gate_json
 from sidecar.serve.gate import render_table as render_gate_table
 from sidecar.serve.gate_checks import ROLLBACK
-from sidecar.serve.share import describe, parse_target, read_status, set_share
+from sidecar.serve.share import (
+    STORE_WAIT_S,
+    describe,
+    parse_target,
+    read_status,
+    set_share,
+    while_store_is_down,
+)
 from sidecar.serve.share import render_json as render_share_json
 from sidecar.serve.share import render_status as render_share_status
 from sidecar.telemetry.health import Health, HealthServer
@@ -135,6 +142,13 @@ def _parser() -> argparse.ArgumentParser:
         help="ceiling, live share, served share and the last changes (the default)",
     )
     shift.add_argument("--reason", default="", help="why, kept with the change in its log")
+    shift.add_argument(
+        "--wait-s",
+        type=float,
+        default=STORE_WAIT_S,
+        help="with --to: how long to wait for a state store that does not answer (RAGFlow "
+        "serves 0 meanwhile); 0: fail at once",
+    )
     shift.add_argument("--json", action="store_true", help="as JSON")
     rollout_cli.add_parser(commands)
     drain = commands.add_parser(
@@ -243,7 +257,12 @@ async def _gate(settings: Settings, args: argparse.Namespace) -> int:
 async def _shift(settings: Settings, args: argparse.Namespace) -> int:
     if args.to is not None:
         to = parse_target(args.to, settings.serve.percent)
-        done = describe(settings, await set_share(settings, to, by="shift", reason=args.reason))
+        shift = await while_store_is_down(
+            settings,
+            lambda: set_share(settings, to, by="shift", reason=args.reason),
+            args.wait_s,
+        )
+        done = describe(settings, shift)
         print(json.dumps({"action": done}) if args.json else done)
         return 0
     status = await read_status(settings)
