@@ -98,6 +98,16 @@ def test_notes_print_ragflows_env_quoted_and_accepted_by_ragflow_mq() -> None:
     assert env["KAFKA_SERVE_PERCENT"] == "0" and env["SERVE_DONE_TTL_S"] == "1000000"
     assert set(env) <= _ragflow_variables(), sorted(set(env) - _ragflow_variables())
     assert "SHADOW_JOIN_TTL_S" not in env  # the sidecar's alone
+    # Every variable ragflow_mq reads can be passed: set here, by the post-renderer (the
+    # secrets and the CA file), or by its image (PYTHONPATH).
+    shared = re.search(
+        r'define "sidecar.ragflowSharedSettings" -\}\}\n(.*?)\n',
+        (CHART / "templates" / "_ragflow.tpl").read_text(encoding="utf-8"),
+    )
+    assert shared
+    passed = set(shared.group(1).split()) | set(env) | {"KAFKA_SASL_MECHANISM", "KAFKA_CLIENT_ID"}
+    by_patch = {"KAFKA_SASL_USERNAME", "KAFKA_SASL_PASSWORD", "KAFKA_SSL_CAFILE"}
+    assert _ragflow_variables() - passed - by_patch == set()
     assert env["SIDECAR_STATE_URL"] == "redis://ragflow-kafka-sidecar-state.ragflow.svc:6379/0"
     env = {**env, "REDIS_URL": SECRET_VALUES["REDIS_URL"]}
     settings = Settings.from_env(environ=env)
@@ -140,13 +150,29 @@ def test_the_post_renderer_is_a_helm_plugin_patching_ragflows_deployment() -> No
     assert re.search(r"^ragflow-mq\s+0\.1\.0\s+postrenderer/v1", result.stdout, re.M), result.stdout
 
 
+# What the templates write from their own values (redis, kafka, stateStore, compareRules, sidecar,
+# metrics), never under settings:.
+DERIVED_BY_THE_CHART = frozenset({
+    "REDIS_URL", "SIDECAR_STATE_URL", "KAFKA_BOOTSTRAP_SERVERS", "KAFKA_SECURITY_PROTOCOL",
+    "KAFKA_SASL_MECHANISM", "KAFKA_SASL_USERNAME", "KAFKA_SASL_PASSWORD", "KAFKA_SSL_CAFILE",
+    "COMPARE_RULES", "SIDECAR_INSTANCE", "MIRROR_CONSUMER", "SIDECAR_METRICS_PORT",
+    "SIDECAR_METRICS_HOST",
+})  # fmt: skip
+
+
 def test_the_schemas_settings_are_the_sidecars_and_its_bounds_are_accepted_by_it() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text(encoding="utf-8"))
     properties = schema["properties"]["settings"]["properties"]
     assert set(properties) <= set(sidecar_settings.KNOWN_VARIABLES)
+    # And every setting has a way in: under settings:, or made by the chart from its values
+    # (a setting added to the sidecar and not here fails this, not a site's install).
+    missing = set(sidecar_settings.KNOWN_VARIABLES) - set(properties) - DERIVED_BY_THE_CHART
+    assert not missing, f"settings the chart cannot pass: {sorted(missing)}"
     # Whatever the chart lets through at its bounds, the sidecar takes too: a value the schema
     # passes must never stop the pod at start.
-    base = {"REDIS_URL": SECRET_VALUES["REDIS_URL"], "KAFKA_TRAFFIC_PERCENT": "100", "MQ_BACKEND": "split"}  # fmt: skip
+    # The rules between two settings (a claim refreshed at least three times a lease) are the
+    # sidecar's own: the base leaves room for each bound on its own.
+    base = {"REDIS_URL": SECRET_VALUES["REDIS_URL"], "KAFKA_TRAFFIC_PERCENT": "100", "MQ_BACKEND": "split", "SERVE_LEASE_S": "3600"}  # fmt: skip
     checked = 0
     for name, rule in properties.items():
         for bound in ("minimum", "maximum"):
