@@ -45,11 +45,13 @@ system-deps:
 	    && cd / && rm -rf "$$tmp"; \
 	fi
 
-# Helm renders and lints the chart in compose/helm/ (tests/test_helm.py): built from the Go module
+# Helm renders and lints the chart in compose/helm/ (tests/test_helm*.py): built from the Go module
 # proxy with the installed Go and cached beside Kafka's jars, so it is built once per version
 # (a few minutes on 2 CPUs) and never downloaded at test time. The tests find it through HELM.
 HELM_VERSION ?= v4.3.2
-HELM_DIR     := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/ragflow-kafka-sidecar/helm-$(HELM_VERSION)
+# The same cache directory as Kafka's jars (sidecar/dev/local_stack/kafka.py, cache_root).
+CACHE_ROOT   := $(or $(SIDECAR_CACHE_DIR),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/ragflow-kafka-sidecar)
+HELM_DIR     := $(CACHE_ROOT)/helm-$(HELM_VERSION)
 HELM         := $(HELM_DIR)/helm
 
 $(HELM):

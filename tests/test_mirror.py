@@ -185,6 +185,9 @@ async def test_entries_of_a_dead_instance_are_taken_over(
         await mirror_until(mirror, 30)
     found = await read_mirrored(settings, {unique}, 30)
     assert len({m.headers["x-redis-id"] for m in found}) == 30
+    # Sent by the live mirror, marked as taken over: the shadow promises them no order.
+    assert {m.headers["x-mirror-consumer"] for m in found} == {b"alive"}
+    assert {m.headers.get("x-mirror-claimed") for m in found} == {b"1"}
     assert await valkey_client.xpending(unique, "ragflow_kafka_mirror") == {
         "pending": 0, "min": None, "max": None, "consumers": []
     }  # fmt: skip
