@@ -9,6 +9,8 @@ lowered share takes a served key off Kafka at once. A served task is acknowledge
 ``SERVE_ENQUEUE_TIMEOUT_MS``: RAGFlow calls it on its event loop. A task Kafka did not take in
 time goes to Redis, once: its task id is marked in the state store so that a record of it that
 lands later is skipped, and the breaker sends the next tasks to Redis until Kafka answers.
+A served document's tasks are dealt across the executors (``ragflow_mq.spread``), as idle
+executors take a document's entries on Redis.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from ragflow_mq.claims import divert
 from ragflow_mq.contract import QUEUE_HEADER, SERVED_HEADER, SERVED_SOURCE, Keys
 from ragflow_mq.evidence import Recorder
 from ragflow_mq.loop import BackgroundLoop
+from ragflow_mq.spread import Spread
 from sidecar.config import Settings
 from sidecar.config.routing import Route, RouteTable
 from sidecar.config.traffic import in_traffic_share
@@ -62,8 +65,10 @@ class ServeProducer:
         recorder: Recorder,
         store: Callable[[], avalkey.Valkey],
         keys: Keys,
+        spread: Spread,
     ) -> None:
         self._settings = settings
+        self._spread = spread
         self._loop = loop
         self._routes = routes
         self._percent = percent
@@ -115,11 +120,13 @@ class ServeProducer:
         outgoing = OutgoingMessage(
             route.topic,
             encode_task(message),
-            key=route.key,
+            key=str(message.get("id")),
             headers=served_headers(queue, message, route),
         )
         try:
-            self._loop.run(self._send(outgoing), max(self._timeout_s - _DIVERT_RESERVE_S, 0.05))
+            self._loop.run(
+                self._send(outgoing, route.key), max(self._timeout_s - _DIVERT_RESERVE_S, 0.05)
+            )
         except (SidecarError, TimeoutError) as exc:
             self.breaker.failed()
             logger.warning("ragflow_mq.queue_product %s to %s: %s", queue, route.topic, exc)
@@ -143,7 +150,7 @@ class ServeProducer:
             logger.error("ragflow_mq: task %s cannot be diverted to Redis: %s", task_id, exc)
             return None
 
-    async def _send(self, outgoing: OutgoingMessage) -> None:
+    async def _send(self, outgoing: OutgoingMessage, document: str) -> None:
         producer = self._producer
         if producer is None:
             producer = self._producer = KafkaProducer(
@@ -158,9 +165,12 @@ class ServeProducer:
             )
         try:
             await producer.start()
-            await producer.send(
-                outgoing.destination, outgoing.value, key=outgoing.key, headers=outgoing.headers
-            )
+            await self._spread.first_read()
+            partitions = await producer.partitions(outgoing.destination)
+            partition = self._spread.partition(document, outgoing.destination, partitions)
+            [outcome] = await producer.send_many([outgoing._replace(partition=partition)])
+            if isinstance(outcome, SidecarError):
+                raise outcome
         except BaseException:  # a failure, or cancelled at the bound
             # Replaced, never reused: after a broker restart an idempotent producer may retry
             # an old batch for as long as it likes, and each record queued behind it (every

@@ -16,6 +16,7 @@ from typing import Any
 import valkey
 
 from ragflow_mq.backlog import ServedBacklog
+from ragflow_mq.callers import Callers
 from ragflow_mq.consumer import ServeConsumer
 from ragflow_mq.contract import Keys
 from ragflow_mq.evidence import Recorder, write
@@ -23,7 +24,9 @@ from ragflow_mq.failures import watch_failures
 from ragflow_mq.hand import KafkaTask
 from ragflow_mq.loop import BackgroundLoop
 from ragflow_mq.producer import ServeProducer
+from ragflow_mq.redis_task import RedisTask
 from ragflow_mq.share import LiveShare
+from ragflow_mq.spread import Spread
 from sidecar.config import Settings
 from sidecar.config.routing import RouteTable
 from sidecar.transport.valkey_client import SOCKET_TIMEOUT_S, create_client
@@ -35,33 +38,8 @@ _ENTRY_ID = re.compile(r"^(\d+)-\d+$")
 _CONSUMER_RETRY_S = 5.0
 _CLOSE_TIMEOUT_S = 10.0
 _BACKLOG_REFRESH_S = 5.0
-
-
-class RedisTask:
-    """RAGFlow's own ``RedisMsg``, with its hand-out and ack timed for the evidence."""
-
-    def __init__(self, runtime: Runtime, message: Any) -> None:
-        self._runtime = runtime
-        self._message = message
-        self.handed_out_s = time.time()
-        self.queue_wait_ms: float | None = None  # from its stream entry's id, when it has one
-        self._acked = False
-
-    def get_message(self) -> Any:
-        return self._message.get_message()
-
-    def get_msg_id(self) -> Any:
-        return self._message.get_msg_id()
-
-    def ack(self) -> bool:
-        ok = bool(self._message.ack())
-        if not self._acked:
-            self._acked = True
-            self._runtime.finished("redis", self)
-        return ok
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._message, name)
+# The executors' assignment changes only at a rebalance; a stale one deals less evenly.
+_SPREAD_REFRESH_S = 5.0
 
 
 class Runtime:
@@ -81,6 +59,7 @@ class Runtime:
         self._state_sync: valkey.Valkey | None = None
         self.backlog = ServedBacklog(settings, self.routes)
         self._backlog_started = False
+        self.spread = Spread(settings)
         self.producer = self._new_producer()
         self.consumer: ServeConsumer | None = None
         self._lock = threading.Lock()
@@ -88,9 +67,11 @@ class Runtime:
         self._consumer_retry_at = 0.0
         self._starting: concurrent.futures.Future[ServeConsumer] | None = None
         self.share = LiveShare(self.keys)
+        self._evidence_failing = False
         # Task id -> (path, document), while RAGFlow holds the task; and how many are Redis's.
         self._held: dict[str, tuple[str, str]] = {}
         self._held_on_redis = 0
+        self.callers = Callers(self._gave_up)
         self._redis_busy: dict[str, bool] = {}
         self._redis_turn: dict[str, bool] = {}
         self._closed = False
@@ -105,6 +86,7 @@ class Runtime:
         self._state_sync = None
         self.backlog = ServedBacklog(self.settings, self.routes)
         self._backlog_started = False
+        self.spread = Spread(self.settings)
         self.producer = self._new_producer()
         self.consumer = None
         self._starting = None
@@ -112,6 +94,7 @@ class Runtime:
         self._background = False
         self._held.clear()
         self._held_on_redis = 0
+        self.callers = Callers(self._gave_up)
 
     def _new_producer(self) -> ServeProducer:
         return ServeProducer(
@@ -122,6 +105,7 @@ class Runtime:
             self.recorder,
             self.store,
             self.keys,
+            self.spread,
         )
 
     def store(self) -> Any:
@@ -153,7 +137,7 @@ class Runtime:
 
     def percent(self) -> float:
         self._ensure_background()
-        return self.share.values.served(self.settings.serve.percent)
+        return self.share.served(self.settings.serve.percent)
 
     def read_share(self) -> None:
         self.share.read(self.sync_store())
@@ -167,6 +151,8 @@ class Runtime:
             # Read once before the first decision: after a roll-back the live share may be 0.
             self.read_share()
             self.loop.spawn(self._refresh_share, "ragflow-mq-share")
+            if self.settings.serve.percent > 0:
+                self.loop.spawn(self._refresh_spread, "ragflow-mq-spread")
             self.loop.spawn(self._flush_evidence, "ragflow-mq-evidence")
             self._background = True
 
@@ -174,6 +160,14 @@ class Runtime:
         while True:
             await asyncio.sleep(self.settings.serve.share_refresh_s)
             await asyncio.to_thread(self.read_share)
+
+    async def _refresh_spread(self) -> None:
+        try:
+            while True:
+                await self.spread.refresh()
+                await asyncio.sleep(_SPREAD_REFRESH_S)
+        finally:
+            await self.spread.close()
 
     async def _flush_evidence(self) -> None:
         while True:
@@ -190,7 +184,14 @@ class Runtime:
             pipe.execute()
         except Exception as exc:
             self.recorder.restore(pending)
-            logger.warning("ragflow_mq could not write its evidence (kept for later): %s", exc)
+            if not self._evidence_failing:
+                self._evidence_failing = True
+                logger.warning(
+                    "ragflow_mq could not write its evidence (kept for later; once per outage): %s",
+                    exc,
+                )
+            return
+        self._evidence_failing = False
 
     def served_backlog(self, queue: str) -> int:
         """Served records of ``queue`` not yet acked, as last read (0 until the first read,
@@ -271,6 +272,24 @@ class Runtime:
         wait_ms = task.queue_wait_ms
         if wait_ms is not None:
             self.recorder.first(path, "started", document, latency="queue_wait", ms=wait_ms)
+        self.callers.handed(task)
+
+    def _gave_up(self, task: KafkaTask | RedisTask) -> None:
+        """RAGFlow dropped ``task`` unacked: its slot is free. A Redis entry stays pending in
+        Redis; a served task is kept pending for this consumer name in the state store."""
+        message = task.get_message()
+        task_id = task.task_id if isinstance(task, KafkaTask) else (
+            message.get("id") if isinstance(message, dict) else None
+        )  # fmt: skip
+        self._let_go(str(task_id))
+        if isinstance(task, KafkaTask):
+            if self.consumer is not None:
+                self.consumer.given_up(task)
+            return
+        self.recorder.count("redis", "abandoned")
+        logger.warning("task %s was handed out from Redis and never acked: left pending", task_id)
+        if self.consumer is not None:
+            self.consumer.wake()
 
     def _let_go(self, task_id: str) -> tuple[str, str] | None:
         with self._lock:
@@ -310,7 +329,7 @@ class Runtime:
     def redis_task(self, message: Any, *, retried: bool) -> RedisTask | None:
         if message is None or isinstance(message, RedisTask):
             return message
-        task = RedisTask(self, message)
+        task = RedisTask(message, self.finished)
         self.recorder.count("redis", "started")
         if retried:
             self.recorder.count("redis", "retried")

@@ -5,6 +5,13 @@ RAGFlow process with ``install()`` reads it every ``SERVE_SHARE_REFRESH_S`` and 
 ``min(KAFKA_SERVE_PERCENT, live share)``: the env stays the operator's ceiling, which nothing in
 the store can exceed. A live share never set serves the ceiling, as before there was one.
 
+A process that cannot read the share serves 0, never the ceiling: from its start until its
+first read answers, and through a state-store outage until the store has answered again for
+``RECOVERED_HOLD_S`` (the time a roll-back written when the store returns, by a ``shift --to 0``
+that waited through the outage, takes to land before anything is served again). New tasks go
+to Redis meanwhile, RAGFlow's own path, which needs no state store (docs/operations.md, "A
+state-store outage").
+
 The cap of earlier builds (``<prefix>:serve_cap``) is still honoured, the lower of the two
 winning, so a roll-back written by an older gate holds through the upgrade; the next shift
 folds it in (writes 100, its no-cap value).
@@ -14,12 +21,15 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from ragflow_mq.contract import Keys
 
 logger = logging.getLogger(__name__)
+
+RECOVERED_HOLD_S = 10.0
 
 
 def parse_percent(raw: str | bytes | None) -> float | None:
@@ -69,25 +79,48 @@ class LiveShare:
         self._keys = keys
         self.values = ShareValues()
         self._read_failed = False
+        self._readable = False  # no read has answered yet: serve 0
+        self._outage_at: float | None = None  # time.monotonic() of this outage's first failure
+        self._hold_until = 0.0  # time.monotonic(): serve 0 until then, after an outage
         self._vanished: set[str] = set()
         self._garbled: set[str] = set()
 
+    def served(self, ceiling: float) -> float:
+        """What RAGFlow serves now: 0 while the share cannot be read (or was not yet, or the
+        store has just come back), else the ceiling lowered by the live share and the cap."""
+        if not self._readable or time.monotonic() < self._hold_until:
+            return 0.0
+        return self.values.served(ceiling)
+
     def read(self, client: Any) -> None:
         """Both keys in one round trip (a pipeline of GETs: the ACL of docs/security.md);
-        a failed read keeps the values in hand and warns once per outage."""
+        a failed read serves 0 until the store answers again, with one warning per outage."""
         try:
             pipe = client.pipeline(transaction=False)
             for key in share_keys(self._keys):
                 pipe.get(key)
             live_raw, cap_raw = pipe.execute()
         except Exception as exc:
+            self._readable = False
             if not self._read_failed:
                 self._read_failed = True
+                self._outage_at = time.monotonic()
                 logger.warning(
-                    "ragflow_mq cannot read the live share (keeping %s): %s", self.values, exc
+                    "ragflow_mq cannot read the live share: new tasks go to Redis until the "
+                    "state store answers (once per outage): %s",
+                    exc,
                 )
             return
-        self._read_failed = False
+        if self._read_failed:
+            self._read_failed = False
+            self._hold_until = time.monotonic() + RECOVERED_HOLD_S
+            lasted_s = time.monotonic() - (self._outage_at or time.monotonic())
+            logger.warning(
+                "ragflow_mq reads the live share again after %.0f s; serving it in %.0f s",
+                lasted_s,
+                RECOVERED_HOLD_S,
+            )
+        self._readable = True
         values = ShareValues(
             self._value(self._keys.share, live_raw, self.values.live),
             self._value(self._keys.old_cap, cap_raw, self.values.old_cap),

@@ -472,6 +472,8 @@ def test_alerts_cover_the_agreed_conditions() -> None:
         "SidecarDown": 'up{job="ragflow-sidecar"}',
         "SidecarStateStoreNearlyFull": "(ragflow_sidecar_state_store_maxmemory_bytes > 0)",
         "SidecarStateStoreEvicting": "increase(ragflow_sidecar_state_store_evicted_keys_total",
+        "SidecarOrphanedPendingEntries": "ragflow_sidecar_orphaned_pending_entries",
+        "SidecarDeploymentCanLoseTasks": 'ragflow_sidecar_doctor_findings{severity="risk"',
     }
     for alert, fragment in expected.items():
         assert fragment in alerts[alert], alert

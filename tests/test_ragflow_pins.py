@@ -31,6 +31,7 @@ import ragflow_mq.runtime
 import sidecar.transport.valkey_client
 from ragflow_mq.runtime import PATCHED, Runtime
 from sidecar.config import Settings
+from sidecar.dev.local_stack import LocalStack
 from tests.test_compose import _declared_closure, _normalise
 from tools.check_imports import build_graph
 from tools.ragflow_constraints import (
@@ -42,6 +43,8 @@ from tools.ragflow_constraints import (
     read_lock,
     render,
 )
+
+pytestmark = pytest.mark.ragflow_pins
 
 REPO = Path(__file__).resolve().parent.parent
 SIDECAR_ONLY = ("opentelemetry", "deepdiff", "numpy", "scipy", "prometheus_client", "grpc")
@@ -225,6 +228,53 @@ def test_ragflow_mq_loads_no_deprecated_api_and_nothing_of_the_sidecar_extra() -
     assert not loaded & set(SIDECAR_ONLY), loaded & set(SIDECAR_ONLY)
 
 
+def test_libvalkey_comes_with_the_sidecars_extra_only() -> None:
+    """Installed, libvalkey becomes valkey-py's reply parser for every connection of the
+    process: RAGFlow's own too, had the plain install brought it."""
+    assert "libvalkey" not in _declared_closure(frozenset())
+    assert "libvalkey" in _declared_closure(frozenset({"sidecar"}))
+
+
+def test_ragflow_mq_without_libvalkey_leaves_valkey_pys_parser_and_still_works(
+    stack: LocalStack, unique: str
+) -> None:
+    """As in RAGFlow's environment (no libvalkey): install() loads, valkey-py keeps its own
+    parser, and the state store's clients (ours, C packing off) and RAGFlow's work."""
+    probe = (
+        "import sys, asyncio\n"
+        "sys.modules['libvalkey'] = None  # as not installed\n"
+        "import valkey, valkey.utils, ragflow_mq\n"
+        "from sidecar.config import Settings\n"
+        "from sidecar.transport.valkey_client import create_client\n"
+        "assert not valkey.utils.LIBVALKEY_AVAILABLE\n"
+        f"settings = Settings.from_env({{'MQ_BACKEND': 'split', 'REDIS_URL': {stack.valkey.url!r}}})\n"
+        "assert ragflow_mq.install(settings)\n"
+        "async def roundtrip():\n"
+        "    client = create_client(settings.state)\n"
+        f"    await client.set({unique!r}, b'x' * 3)\n"
+        f"    value = await client.get({unique!r})\n"
+        f"    await client.delete({unique!r})\n"
+        "    await client.aclose()\n"
+        "    return value, client.connection_pool.connection_class.__name__\n"
+        "value, connection = asyncio.run(roundtrip())\n"
+        "assert value == b'xxx', value\n"
+        f"ragflows = valkey.Valkey.from_url({stack.valkey.url!r})\n"
+        "assert ragflows.ping()\n"
+        "parser = ragflows.connection_pool.get_connection('PING')._parser\n"
+        "ragflow_mq.uninstall()\n"
+        "print(connection, type(parser).__name__, 'libvalkey' in {n.split('.')[0] for n in sys.modules if sys.modules[n] is not None})\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, timeout=120,
+        check=False, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    connection, parser, loaded = run.stdout.split()
+    assert connection == "Connection", connection  # valkey-py's own, not the C-packing one
+    assert parser == "_RESP2Parser", parser
+    assert loaded == "False"
+
+
 def test_the_sidecar_command_without_its_extra_names_what_to_install() -> None:
     """The plain wheel (RAGFlow's image) puts ragflow-sidecar on PATH too: without the extra it
     exits 2 naming it, instead of a traceback on the first missing import."""
@@ -353,7 +403,9 @@ def test_the_ragflow_images_install_moves_no_pinned_version(
     assert chosen["valkey"] == pins["valkey"]
     added = set(chosen) - set(pins) - {"ragflow-kafka-sidecar"}
     assert not added & {_normalise(n) for n in SIDECAR_ONLY}, added
-    assert "aiokafka" in added and "libvalkey" in added, added
+    assert "aiokafka" in added, added
+    # valkey-py would take it as the parser of every one of RAGFlow's connections.
+    assert "libvalkey" not in added, added
 
 
 def test_a_requirement_that_would_move_a_pin_fails_the_resolution(

@@ -22,6 +22,7 @@ import ragflow_mq
 from ragflow_mq.evidence import Recorder
 from ragflow_mq.loop import BackgroundLoop
 from ragflow_mq.producer import ServeProducer
+from ragflow_mq.spread import Spread
 from sidecar.config import Settings
 from sidecar.config.routing import RouteTable
 from sidecar.dev.local_stack import LocalStack
@@ -29,6 +30,8 @@ from sidecar.dev.local_stack.valkey import LocalValkey
 from tests.conftest import free_port
 from tests.ragflow_support import STANDIN_ROOT, StandinProcess, standin_env, wait_until
 from tests.serve_support import make_world
+
+pytestmark = [pytest.mark.kafka39, pytest.mark.ragflow_pins]
 
 GROUP = "rag_flow_svr_task_broker"
 
@@ -246,6 +249,40 @@ async def test_the_live_share_moves_under_the_ceiling_and_an_evicted_one_is_kept
     client.close()
 
 
+async def test_a_share_that_cannot_be_read_serves_0_until_the_store_is_back_a_while(
+    stack: LocalStack,
+    unique: str,
+    tmp_path: Path,
+    redis_conn: ModuleType,
+    state_valkey: LocalValkey,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Started while the state store is down: 0, never the ceiling; the store back, 0 for
+    RECOVERED_HOLD_S more (a roll-back written as it returns lands first), then the share;
+    down again: 0 at once. One warning per outage, however many reads fail."""
+    monkeypatch.setattr(ragflow_mq.share, "RECOVERED_HOLD_S", 1.0)
+    world = await make_world(stack, unique, tmp_path, KAFKA_SERVE_PERCENT="50")
+    settings = Settings.from_env({**world.env, "SIDECAR_STATE_URL": state_valkey.url})
+    state_valkey.stop()
+    assert ragflow_mq.install(settings)
+    runtime = redis_conn.REDIS_CONN._ragflow_mq_runtime
+    assert runtime.percent() == 0, "a process started in the outage served the ceiling"
+    for _ in range(3):
+        runtime.read_share()
+    assert runtime.percent() == 0
+    state_valkey.start()
+    runtime.read_share()
+    assert runtime.percent() == 0, "served at once when the store came back"
+    await asyncio.sleep(1.1)
+    assert runtime.percent() == 50
+    state_valkey.stop()
+    runtime.read_share()
+    assert runtime.percent() == 0
+    warned = [r for r in caplog.records if "cannot read the live share" in r.getMessage()]
+    assert len(warned) == 2, [r.getMessage() for r in warned]
+
+
 async def test_the_split_factory_sends_served_keys_to_kafka_and_the_rest_to_redis(
     stack: LocalStack, unique: str, tmp_path: Path
 ) -> None:
@@ -358,7 +395,7 @@ def test_canvas_runs_and_dataset_jobs_each_take_their_own_place_in_the_share() -
     settings = Settings.from_env({"MQ_BACKEND": "split", "KAFKA_SERVE_PERCENT": "25"})
     producer = ServeProducer(
         settings, BackgroundLoop(), RouteTable(settings.mirror.routes), lambda: 25.0,
-        Recorder(), store=lambda: None, keys=ragflow_mq.Keys("unused"),
+        Recorder(), store=lambda: None, keys=ragflow_mq.Keys("unused"), spread=Spread(settings),
     )  # fmt: skip
     for fake_doc, task_type in (("dataflow_x", "dataflow"), ("graph_raptor_x", "raptor")):
         runs = [

@@ -26,7 +26,7 @@ from sidecar.transport.message import encode_task
 from tests.ragflow_support import pending_count, progress, read_produced, wait_until
 from tests.serve_support import ServeWorld, by_path, make_world
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.ragflow_pins]
 
 RAGFLOW_GROUP = "rag_flow_svr_task_broker"
 PERCENT = {"redis": "0", "kafka": "100"}
@@ -251,3 +251,30 @@ async def test_a_second_record_of_a_finished_task_is_skipped(
     assert counts == {twice["id"]: 1, once["id"]: 1}
     totals = await valkey_client.hgetall(Keys(unique).evidence_total)
     assert int(totals[b"kafka:duplicate"]) == 1
+
+
+@pytest.mark.parametrize("path", ["redis", "kafka"])
+async def test_one_documents_tasks_run_on_every_idle_executor(
+    stack: LocalStack, unique: str, tmp_path: Path, valkey_client: avalkey.Valkey, path: str
+) -> None:
+    """One document of 10 tasks of 2 s, two idle executors of 5 slots: on Redis each takes
+    some; served, its tasks are dealt across both executors' partitions, not all on one."""
+    world = await make_world(stack, unique, tmp_path, KAFKA_SERVE_PERCENT=PERCENT[path])
+    names = ("task_executor_common_a_0", "task_executor_common_b_0")
+    with (
+        world.executor(names[0], STANDIN_WORK_MS="2000") as a,
+        world.executor(names[1], STANDIN_WORK_MS="2000") as b,
+    ):
+        await world.wait_members(2)
+        api, out = world.api("produced.jsonl", docs=1, tasks_per_doc=10)
+        with api:
+            assert await api.await_exit(60) == 0, api.log_text()
+        ids = {str(p["task_id"]) for p in read_produced(out)}
+        records = await world.wait_executed(valkey_client, ids, timeout_s=120)
+        a.terminate()
+        b.terminate()
+    assert Counter(str(r["task_id"]) for r in records) == Counter(dict.fromkeys(ids, 1))
+    assert by_path(records)[path] == 10
+    per_executor = Counter(str(r["consumer"]) for r in records)
+    print(f"{path}: tasks per executor {dict(per_executor)}")
+    assert set(per_executor) == set(names), per_executor

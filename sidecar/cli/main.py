@@ -18,6 +18,7 @@ from sidecar.app.service import Sidecar
 from sidecar.app.state_store import warn_if_evicting
 from sidecar.app.supervisor import run_until_signal
 from sidecar.app.wiring import StandaloneMirror
+from sidecar.cli import doctor as doctor_cli
 from sidecar.cli import rollout as rollout_cli
 from sidecar.cli.diffs import render_diffs
 from sidecar.cli.reconcile import reconcile, render_json, render_report
@@ -31,7 +32,14 @@ from sidecar.serve.gate import collect, parse_baseline, parse_next_share, parse_
 from sidecar.serve.gate import render_json as render_gate_json
 from sidecar.serve.gate import render_table as render_gate_table
 from sidecar.serve.gate_checks import ROLLBACK
-from sidecar.serve.share import describe, parse_target, read_status, set_share
+from sidecar.serve.share import (
+    STORE_WAIT_S,
+    describe,
+    parse_target,
+    read_status,
+    set_share,
+    while_store_is_down,
+)
 from sidecar.serve.share import render_json as render_share_json
 from sidecar.serve.share import render_status as render_share_status
 from sidecar.telemetry.health import Health, HealthServer
@@ -75,6 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     diffs.add_argument("--task-type", action="append", help="only this task type (repeatable)")
     diffs.add_argument("--color", choices=("auto", "always", "never"), default="auto")
     commands.add_parser("status", help="lag, traffic share, verdict and DLQ counts, as a table")
+    doctor_cli.add_parser(commands)
     reconcile = commands.add_parser(
         "reconcile", help="account for every stream entry of a window in Kafka; exit 1 if missing"
     )
@@ -125,6 +134,13 @@ def _parser() -> argparse.ArgumentParser:
         help="ceiling, live share, served share and the last changes (the default)",
     )
     shift.add_argument("--reason", default="", help="why, kept with the change in its log")
+    shift.add_argument(
+        "--wait-s",
+        type=float,
+        default=STORE_WAIT_S,
+        help="with --to: how long to wait for a state store that does not answer (RAGFlow "
+        "serves 0 meanwhile); 0: fail at once",
+    )
     shift.add_argument("--json", action="store_true", help="as JSON")
     rollout_cli.add_parser(commands)
     drain = commands.add_parser(
@@ -234,7 +250,12 @@ async def _gate(settings: Settings, args: argparse.Namespace) -> int:
 async def _shift(settings: Settings, args: argparse.Namespace) -> int:
     if args.to is not None:
         to = parse_target(args.to, settings.serve.percent)
-        done = describe(settings, await set_share(settings, to, by="shift", reason=args.reason))
+        shift = await while_store_is_down(
+            settings,
+            lambda: set_share(settings, to, by="shift", reason=args.reason),
+            args.wait_s,
+        )
+        done = describe(settings, shift)
         print(json.dumps({"action": done}) if args.json else done)
         return 0
     status = await read_status(settings)
@@ -338,8 +359,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = Settings.from_env(config_file=args.config)
         # aiokafka reports a refused password as a broker that is down, which would be retried.
         # `shift` and the rollout's controls need only the state store: a roll-back must not
-        # wait for Kafka (the autopilot's gate reads Kafka on its own turns).
-        if args.command not in ("shift", "rollout"):
+        # wait for Kafka (the autopilot's gate reads Kafka on its own turns); `doctor` reads
+        # Valkey alone.
+        if args.command not in ("shift", "rollout", "doctor"):
             asyncio.run(check_login(settings.kafka))
         if args.command == "mirror":
             if args.compare:
@@ -361,6 +383,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(rollout_cli.run(settings, args))
         if args.command == "drain-to-redis":
             return asyncio.run(_drain(settings, args))
+        if args.command == "doctor":
+            return doctor_cli.run(settings, args)
         if args.command == "status":
             return asyncio.run(_status(settings))
         if args.command == "check":

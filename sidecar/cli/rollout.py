@@ -12,7 +12,7 @@ from sidecar.config import Settings
 from sidecar.rollout.autopilot import Autopilot
 from sidecar.rollout.machine import Decision, RolloutState
 from sidecar.rollout.store import RolloutStore
-from sidecar.serve.share import set_share
+from sidecar.serve.share import STORE_WAIT_S, set_share, while_store_is_down
 from sidecar.transport.valkey_client import create_client
 
 STATUS_DECISIONS = 10
@@ -28,7 +28,14 @@ def add_parser(commands: Any) -> None:
     status.add_argument("--json", action="store_true", help="the status as JSON")
     actions.add_parser("pause", help="hold the share where it is until `resume`")
     actions.add_parser("resume", help="go on (from the plan's first step after a roll-back)")
-    actions.add_parser("abort", help="the served share to 0 now; the autopilot stops there")
+    abort = actions.add_parser("abort", help="the served share to 0 now; the autopilot stops there")
+    abort.add_argument(
+        "--wait-s",
+        type=float,
+        default=STORE_WAIT_S,
+        help="how long to wait for a state store that does not answer (RAGFlow serves 0 "
+        "meanwhile); 0: fail at once",
+    )
 
 
 async def run(settings: Settings, args: argparse.Namespace) -> int:
@@ -43,12 +50,18 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
         if order == "status":
             print(await _status(store, as_json=args.json))
             return 0
-        await store.order(order)
         if order == "abort":
-            # At once, whether an autopilot runs or not: it records the abort when it next acts.
-            await set_share(settings, 0.0, by="rollout abort", reason="aborted by an operator")
+            # The share at once, whether an autopilot runs or not: it records the abort when it
+            # next acts. Through a state-store outage RAGFlow serves 0 by itself; this waits
+            # for the store (an abort queued twice is harmless).
+            async def abort() -> None:
+                await store.order(order)
+                await set_share(settings, 0.0, by="rollout abort", reason="aborted by an operator")
+
+            await while_store_is_down(settings, abort, args.wait_s)
             print("rollout abort: the served share is 0 now; the autopilot stops there")
         else:
+            await store.order(order)
             print(f"rollout {order}: queued; the autopilot acts on it within its next turn")
         return 0
     finally:

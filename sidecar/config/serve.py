@@ -8,7 +8,7 @@ patience.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sidecar.config.env import Reader, Table, Var, integer, number, text
@@ -41,9 +41,15 @@ class ServeSettings:
     # Kafka's max.poll.interval.ms; the member polls while its slots are busy, so only a
     # process whose loop is stuck this long leaves the group.
     max_poll_interval_ms: int = 3_600_000
-    # A dead executor's claimed tasks go to another after this (its restart under the same
-    # consumer name takes them back at once, as Redis replays its own pending entries).
-    lease_s: float = 30.0
+    # A silent executor's claimed tasks go to another after this (its restart under the same
+    # consumer name takes them back at once, as Redis replays its own pending entries). Also
+    # the bound on a frozen process (SIGSTOP, docker pause, a VM stall, the GIL held): up to
+    # it, its tasks are not run a second time, as Redis never hands a live consumer's pending
+    # entry to another; past it they may be (docs/operations.md).
+    lease_s: float = 300.0
+    # How often a process refreshes its liveness and asserts its claims in hand again (a
+    # store that restarted or evicted one has it back within this).
+    claim_refresh_s: float = 10.0
     done_ttl_s: int = 2 * 86400  # how long a finished task's id skips later records of it
     sticky_s: float = 10.0  # a key's path is kept this long from the decision (not refreshed)
     evidence_flush_s: float = 2.0  # per-path counts are written to Valkey at this pace
@@ -112,6 +118,7 @@ SERVE = Table(
     Var("SERVE_SESSION_TIMEOUT_MS", "session_timeout_ms", integer(6000, 300000)),
     Var("SERVE_MAX_POLL_INTERVAL_MS", "max_poll_interval_ms", integer(1000, 86_400_000)),
     Var("SERVE_LEASE_S", "lease_s", number(1.0, 3600.0)),
+    Var("SERVE_CLAIM_REFRESH_S", "claim_refresh_s", number(0.1, 600.0)),
     Var("SERVE_DONE_TTL_S", "done_ttl_s", integer(600, 30 * 86400)),
     Var("SERVE_STICKY_S", "sticky_s", number(0.0, 86400.0)),
     Var("SERVE_EVIDENCE_FLUSH_S", "evidence_flush_s", number(0.05, 3600.0)),
@@ -160,7 +167,16 @@ def build_serve(
                 "KAFKA_SERVE_PERCENT", f"{percent:g} needs MQ_BACKEND=split (it is {backend})"
             )
     prefetch = env.integer("SERVE_PREFETCH", concurrency, minimum=1, maximum=concurrency)
-    return SERVE.build(reader, percent=percent, prefetch=prefetch)
+    serve = SERVE.build(reader, percent=percent, prefetch=prefetch)
+    if env.text("SERVE_CLAIM_REFRESH_S", None) is None:
+        serve = replace(serve, claim_refresh_s=min(serve.claim_refresh_s, serve.lease_s / 3))
+    elif serve.claim_refresh_s * 3 > serve.lease_s:
+        raise env.error(
+            "SERVE_CLAIM_REFRESH_S",
+            f"{serve.claim_refresh_s:g} is more than a third of SERVE_LEASE_S={serve.lease_s:g}: "
+            "a live executor would lose its claims between two refreshes",
+        )
+    return serve
 
 
 def build_gate(reader: Reader) -> GateSettings:

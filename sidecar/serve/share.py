@@ -6,26 +6,38 @@ RAGFlow process follows it within ``SERVE_SHARE_REFRESH_S``, without a restart, 
 ``gate --apply`` sets it to 0 on a roll-back; both go through :func:`set_share`, which writes
 the value and a log entry (from, to, by, who, why) in one script, so no change goes unrecorded
 and a later autopilot reads the same history ``shift --status`` prints.
+
+Through a state-store outage every RAGFlow process serves 0 by itself (it cannot read the
+share: ``ragflow_mq.share``), so a roll-back is in effect before anyone writes it; the
+operator's ``shift --to``/``rollout abort`` waits for the store (:func:`while_store_is_down`,
+``--wait-s``) and writes the value when it answers, within the processes' hold after an
+outage, so the old share is never served again in between.
 """
 
 from __future__ import annotations
 
+import asyncio
 import getpass
 import json
 import logging
 import math
 import socket
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from ragflow_mq.contract import Keys
 from ragflow_mq.share import ShareValues, parse_percent, share_keys
 from sidecar.config import Settings
-from sidecar.errors import ConfigError
+from sidecar.errors import ConfigError, SidecarError
 from sidecar.transport.valkey_client import create_client, translate_valkey_errors
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+WAIT_RETRY_S: Final = 1.0  # well within ragflow_mq.share.RECOVERED_HOLD_S
+STORE_WAIT_S: Final = 600.0  # --wait-s by default: an outage a restart or a failover ends
 
 LOG_LENGTH: Final = 1000  # entries the log keeps (exactly: a few hundred bytes each)
 STATUS_ENTRIES: Final = 10  # shown by `shift --status`
@@ -52,6 +64,32 @@ local entry = {'from', previous or '', 'to', ARGV[1], 'by', ARGV[2], 'actor', AR
 local id = redis.call('XADD', KEYS[3], 'MAXLEN', ARGV[6], '*', unpack(entry))
 return {previous or false, folded, id}
 """
+
+
+async def while_store_is_down(
+    settings: Settings, write: Callable[[], Awaitable[T]], wait_s: float
+) -> T:
+    """``write()``, tried again every second for up to ``wait_s`` while the state store does
+    not answer; says once, on stderr's log, that RAGFlow serves 0 meanwhile."""
+    give_up = asyncio.get_running_loop().time() + wait_s
+    told = False
+    while True:
+        try:
+            return await write()
+        except SidecarError as exc:
+            if not exc.retriable or asyncio.get_running_loop().time() >= give_up:
+                raise
+            if not told:
+                told = True
+                logger.warning(
+                    "the state store at %s does not answer (%s): RAGFlow's processes serve 0 %% "
+                    "from Kafka while they cannot read it; writing when it answers (up to "
+                    "--wait-s=%g s)",
+                    settings.state.display_url,
+                    exc,
+                    wait_s,
+                )
+            await asyncio.sleep(WAIT_RETRY_S)
 
 
 def parse_target(text: str, ceiling: float) -> float:

@@ -31,6 +31,8 @@ class OutgoingMessage(NamedTuple):
     value: bytes | Mapping[str, Any]
     key: str | bytes | None = None
     headers: Headers = ()
+    # Kafka only: the partition chosen by the caller (None: by the key, as Kafka places it).
+    partition: int | None = None
 
     def value_bytes(self) -> bytes:
         return self.value if isinstance(self.value, bytes) else encode_task(self.value)

@@ -145,6 +145,7 @@ class KafkaProducer(MessageQueueProducer):
                 message.value_bytes(),
                 key=message.key_bytes(),
                 headers=message.headers or None,
+                partition=message.partition,
             )
             await asyncio.wait([future], timeout=self._delivery_timeout_s)
         except kafka_errors.KafkaError as exc:
@@ -180,7 +181,11 @@ class KafkaProducer(MessageQueueProducer):
                 )
                 continue
             available = () if key is not None else _available(producer, topic)
-            partition = self._partitioner(key, known, available)
+            partition = (
+                self._partitioner(key, known, available)
+                if message.partition is None
+                else message.partition
+            )
             queue = queues.get((topic, partition))
             if queue is None:
                 queue = queues[(topic, partition)] = []
@@ -229,6 +234,16 @@ class KafkaProducer(MessageQueueProducer):
                     outcomes[index] = error if refused is batch else held
             break
         return sent
+
+    async def partitions(self, topic: str) -> list[int]:
+        """The partitions of ``topic``, from the producer's metadata; raises ``SidecarError``."""
+        producer = self._producer
+        if producer is None:
+            raise RuntimeError("producer is not started")
+        known = await self._partitions_of(producer, topic)
+        if isinstance(known, SidecarError):
+            raise known
+        return known
 
     async def _partitions_of(self, producer: Any, topic: str) -> list[int] | SidecarError:
         try:

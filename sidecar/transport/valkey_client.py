@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Any
 
-import libvalkey
 import valkey.asyncio as valkey
 from valkey import exceptions as valkey_errors
 from valkey.asyncio.connection import Connection, SSLConnection
@@ -39,13 +40,22 @@ def create_client(settings: RedisSettings, **overrides: Any) -> valkey.Valkey:
     }
     options.update(overrides)
     client = valkey.Valkey(**options)
-    pool = client.connection_pool
-    pool.connection_class = _C_PACKING.get(pool.connection_class, pool.connection_class)
+    if _LIBVALKEY is not None:
+        pool = client.connection_pool
+        pool.connection_class = _C_PACKING.get(pool.connection_class, pool.connection_class)
     return client
 
 
+# Only with the sidecar's extra (pyproject.toml): RAGFlow's processes, which run ragflow_mq and
+# this module, get no libvalkey, so valkey-py keeps its own parser for RAGFlow's connections.
+# Looked up, not imported by name, for that reason.
+_LIBVALKEY: Any = (
+    importlib.import_module("libvalkey") if importlib.util.find_spec("libvalkey") else None
+)
+
+
 class _CPacking:
-    """Commands packed by libvalkey's C packer, which ``valkey[libvalkey]`` installs but
+    """Commands packed by libvalkey's C packer (the sidecar's extra installs it), which
     valkey-py's asyncio connections do not use. Their packer, in Python, was a tenth of the
     sidecar's CPU: the join's batch scripts carry thousands of arguments."""
 
@@ -58,7 +68,7 @@ class _CPacking:
             name = args[0]
             words = (name.encode() if isinstance(name, str) else name).split()
             try:
-                return [libvalkey.pack_command((*words, *args[1:]))]
+                return [_LIBVALKEY.pack_command((*words, *args[1:]))]
             except TypeError:
                 pass  # None, a bool, ...: valkey-py's packer raises its own DataError
         packed: list[bytes] = super().pack_command(*args)  # type: ignore[misc]
