@@ -108,12 +108,8 @@ def _parser() -> argparse.ArgumentParser:
         help="the watch at 100 %%: the redis path from this time (as --window) until the "
         "window's start; the window's kafka tasks are also tested against it",
     )
-    gate.add_argument(
-        "--next-share",
-        default="100",
-        help="the share (per cent) a promotion would serve, which sets the margins: the "
-        "excess allowed is each GATE_*_MARGIN_* over it (default 100)",
-    )
+    share_help = "the share (%%) a promotion would serve: each margin over it (default 100)"
+    gate.add_argument("--next-share", default="100", help=share_help)
     act = gate.add_mutually_exclusive_group()
     act.add_argument("--apply", action="store_true", help="on a roll-back, set the live share to 0")
     act.add_argument(
