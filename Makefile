@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest pytest-ragflow-pins test-kafka39 system-deps clean bench
+.PHONY: demo test lint typecheck pytest pytest-ragflow-pins test-kafka39 system-deps clean bench helm
 
 # The Apache Kafka release every broker of the tests runs (tests/conftest.py): empty is the local
 # stack's 4.x; `make test KAFKA_VERSION=3.9.1` runs the whole suite on the seed's Kafka 3.9.
@@ -51,6 +51,20 @@ system-deps:
 	    && cd / && rm -rf "$$tmp"; \
 	fi
 
+# Helm renders and lints the chart in compose/helm/ (tests/test_helm.py): built from the Go module
+# proxy with the installed Go and cached beside Kafka's jars, so it is built once per version
+# (a few minutes on 2 CPUs) and never downloaded at test time. The tests find it through HELM.
+HELM_VERSION ?= v4.3.2
+HELM_DIR     := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/ragflow-kafka-sidecar/helm-$(HELM_VERSION)
+HELM         := $(HELM_DIR)/helm
+
+$(HELM):
+	rm -rf $(HELM_DIR).tmp
+	GOBIN=$(HELM_DIR).tmp GOFLAGS=-mod=mod go install helm.sh/helm/v4/cmd/helm@$(HELM_VERSION)
+	rm -rf $(HELM_DIR) && mv $(HELM_DIR).tmp $(HELM_DIR)
+
+helm: $(HELM)
+
 lint: $(STAMP)
 	$(BIN)/ruff check sidecar comparators ragflow_mq tests bench dashboards tools
 	$(BIN)/ruff format --check sidecar comparators ragflow_mq tests bench dashboards tools
@@ -62,8 +76,8 @@ typecheck: $(STAMP)
 	$(BIN)/mypy --python-version 3.13 -p ragflow_mq
 	$(BIN)/mypy --python-version 3.12 -p ragflow_mq
 
-pytest: $(STAMP)
-	KAFKA_VERSION=$(KAFKA_VERSION) $(BIN)/pytest
+pytest: $(STAMP) $(HELM)
+	HELM=$(HELM) KAFKA_VERSION=$(KAFKA_VERSION) $(BIN)/pytest
 
 # ragflow_mq's tests again, in a second virtualenv holding what ragflow_mq's install brings at
 # RAGFlow's versions (compose/ragflow-constraints.txt, from RAGFlow's uv.lock: valkey 6.0.2,

@@ -1,4 +1,13 @@
-"""Calibration of the gate's sequential tests (issue 23): simulated rollouts, a look a minute.
+"""Calibration of the gate's sequential tests (issues 23, 30): simulated rollouts, a look a
+minute.
+
+Headline (bench/gate_defaults.py, issue 30): the shipped defaults over whole rollouts, the
+autopilot's rule (margins shown before each promotion), then 24 h at 100 % with the Redis
+hold-back; power-law documents of 1-60 tasks, clustered retries, hourly drift and scanned-PDF
+batches. Targets: A/A rolled back in <= GATE_ALPHA of runs over the ramp and the 24 h;
++2 points and x1.5 reaching 100 % in <= 5 % of runs. --headline-only stops there.
+
+The tables after it (issue 23) are the tests on their own, at fixed step ends:
 
 Each run is a rollout through the plan's steps (--plan, per cent served from Kafka, --dwell-min
 minutes each) at --tasks-per-min tasks a minute (a daily swing of +-30 %, Poisson arrivals), in
@@ -13,9 +22,10 @@ recorded in the histograms ragflow_mq writes (the minute's counts, as the gate r
 tasks are retried (1 %) on their own. The Kafka share of each minute wobbles around the
 step's (x e^N(0, 0.25)). After every minute the gate's tests (sidecar/serve/gate_stats.py's
 functions, on the window from the rollout's start) decide: roll back when a test's e-value
-reaches 1/alpha_i; at the end of each step's dwell, promote when each path has --min-sample
-finished tasks and no test is at its hold level. The 100 % step is not simulated here: nothing
-is left on Redis to compare; its watch against a baseline is bench/watch_calibration.py's.
+reaches 1/alpha_i; at the end of each step's dwell, promote when each path has
+--min-documents finished documents and no test is at its hold level. The 100 % step is not
+simulated here (the headline's hold-back watch is; without a hold-back, the watch against a
+baseline is bench/watch_calibration.py's).
 
 Populations of processing time (queue wait: lognormal, median 3 s, sigma 1.5, on both paths):
 - lognormal: median 20 s, sigma 1, and 5 % of tasks with a tail of minutes (median 5 min);
@@ -34,7 +44,8 @@ document. The same A/A rollouts with 0.5 to 2 % of documents failing whole, coun
 
 Usage: .venv/bin/python bench/gate_calibration.py [--runs 400] [--tasks-per-min 100]
        [--tasks-a-document 10] [--dwell-min 240] [--plan 1,5,25,50] [--alpha 0.01]
-       [--min-sample 200] [--seed 1]
+       [--min-documents 50] [--seed 1] [--headline-runs 200] [--documents-per-min 25,100]
+       [--headline-only]
 Exit 0 when every target is met, 1 otherwise.
 """
 
@@ -48,6 +59,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from bench_common import loadavg
+from gate_defaults import headline
 from gate_populations import (
     ALONE,
     FLOOR_MS,
@@ -61,7 +73,7 @@ from gate_populations import (
 )
 
 from sidecar.serve import histograms as hist
-from sidecar.serve.gate_stats import TESTS
+from sidecar.serve.gate_stats import RETRY_CLUSTER, TESTS
 from sidecar.serve.sequential import (
     COUNT_MIXTURE,
     TILT_MIXTURE,
@@ -116,7 +128,7 @@ class Plan:
     step_ends: Array  # the minutes at which a step's dwell ends
     rate: Array  # tasks per minute
     alpha: float
-    min_sample: int  # tasks per path
+    min_documents: int  # per path
     tasks_a_document: float
 
 
@@ -176,10 +188,10 @@ def _chunk(
         # Retries are counted by task: the tasks of the minute's documents, on average.
         tasks = np.rint(documents * plan.tasks_a_document).astype(int)
         log_e = []
-        for test, (units, p) in enumerate(
-            ((documents, failure), (tasks, np.array([RETRY, RETRY])))
+        for test, (units, p, cluster) in enumerate(
+            ((documents, failure, 1.0), (tasks, np.array([RETRY, RETRY]), RETRY_CLUSTER))
         ):
-            events = rng.binomial(units, p[:, None, None])
+            events = rng.binomial(units, p[:, None, None]) / cluster
             pi = shares(units[0].astype(float), units[1].astype(float))
             ratios = count_log_ratios(events[0], events.sum(axis=0), pi, COUNT_MIXTURE.nodes)
             log_e.append(_accumulate(carried, test, ratios, COUNT_MIXTURE))
@@ -199,8 +211,7 @@ def _chunk(
         seen = running[:, :, -1].T
         for end in (end for end in plan.step_ends if begin <= end < begin + len(minutes)):
             calm = (stats[:, :, end - begin] < hold).all(axis=0)
-            tasks_seen = running[:, :, end - begin].min(axis=0) * plan.tasks_a_document
-            enough = tasks_seen >= plan.min_sample
+            enough = running[:, :, end - begin].min(axis=0) >= plan.min_documents
             on_time &= calm & enough & (first < 0)
         if (first >= 0).all():
             break
@@ -222,7 +233,7 @@ def plan_of(args: argparse.Namespace, schedule: Array, step_ends: Array) -> Plan
         step_ends,
         args.tasks_per_min * daily,
         args.alpha,
-        args.min_sample,
+        args.min_documents,
         args.tasks_a_document,
     )
 
@@ -235,7 +246,7 @@ def ramp(args: argparse.Namespace, rng: np.random.Generator) -> bool:
         f"ramp {args.plan} %, {args.dwell_min} min a step, {args.tasks_per_min:g} tasks/min in "
         f"documents of {args.tasks_a_document:g} tasks on average, {args.runs} runs an A/A "
         f"scenario ({args.runs // 2} an A/B one), GATE_ALPHA={args.alpha:g}, "
-        f"GATE_MIN_SAMPLE={args.min_sample}"
+        f"GATE_MIN_DOCUMENTS={args.min_documents}"
     )
     print(
         f"{'scenario':<36} {'rolled back':>12} {'promoted on time':>17} "
@@ -342,7 +353,10 @@ def main() -> int:
     parser.add_argument("--dwell-min", type=int, default=240, help="minutes a step")
     parser.add_argument("--plan", default="1,5,25,50", help="per cent served, the steps below 100")
     parser.add_argument("--alpha", type=float, default=0.01, help="GATE_ALPHA")
-    parser.add_argument("--min-sample", type=int, default=200, help="GATE_MIN_SAMPLE")
+    parser.add_argument("--min-documents", type=int, default=50, help="GATE_MIN_DOCUMENTS")
+    parser.add_argument("--headline-runs", type=int, default=200, help="runs a scenario")
+    parser.add_argument("--documents-per-min", default="25,100", help="headline loads")
+    parser.add_argument("--headline-only", action="store_true")
     parser.add_argument("--fixed-runs", type=int, default=100, help="runs a fixed-share case")
     parser.add_argument("--fixed-tasks", type=int, default=10_000, help="kafka tasks at most")
     parser.add_argument("--seed", type=int, default=1)
@@ -350,7 +364,15 @@ def main() -> int:
     rng = np.random.default_rng(args.seed)
     print(loadavg())
     started = time.monotonic()
-    ok = ramp(args, rng)
+    ok = True
+    for load in (float(x) for x in args.documents_per_min.split(",")):
+        ok &= headline(rng, args.headline_runs, load)
+        print()
+    if args.headline_only:
+        print(f"{time.monotonic() - started:.0f} s; {loadavg()}")
+        print("every target met" if ok else "a target was MISSED")
+        return 0 if ok else 1
+    ok &= ramp(args, rng)
     fixed_shares(args, rng)
     clustered(args, rng)
     print(f"\n{time.monotonic() - started:.0f} s; {loadavg()}")

@@ -317,12 +317,45 @@ STATE_STORE = Row(
     ],
 )
 
+# What `ragflow-sidecar doctor` finds in the deployment, read by every sidecar instance: ``max``.
+DEPLOYMENT = Row(
+    "RAGFlow's deployment (doctor)",
+    [
+        Graph(
+            "Orphaned pending entries",
+            "Pending entries of RAGFlow's executors held by consumers with neither a heartbeat "
+            "nor a read for 6 h (a pod gone in a rollout): no executor will run them. "
+            "`ragflow-sidecar doctor --requeue-orphans --older-than 6h` puts them back "
+            "(SidecarOrphanedPendingEntries).",
+            (Query("max by (stream) (ragflow_sidecar_orphaned_pending_entries)", "{{stream}}"),),
+            "short",
+            min=0,
+        ),
+        Graph(
+            "Doctor findings by severity",
+            "What `ragflow-sidecar doctor` finds, every minute: a risk is a store that can lose "
+            "tasks (eviction, no persistence) or orphaned entries; the command names each "
+            "(SidecarDeploymentCanLoseTasks).",
+            (
+                Query(
+                    "sum by (severity) (max by (check, severity) "
+                    "(ragflow_sidecar_doctor_findings))",
+                    "{{severity}}",
+                ),
+            ),
+            "short",
+            min=0,
+        ),
+    ],
+)
+
 ROWS = (
     MIGRATION_STATE,
     VERDICT_ROW,
     LATENCY,
     LAG_AND_THROUGHPUT,
     STATE_STORE,
+    DEPLOYMENT,
     ROLLOUT,
     SERVED_SHARE,
 )

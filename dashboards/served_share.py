@@ -123,11 +123,11 @@ ROLLOUT = Row(
             width=4,
         ),
         Stat(
-            "Tasks still needed",
-            "Finished tasks each path still needs in this step (ROLLOUT_MIN_TASKS), as of the "
-            "autopilot's last look; 0 when enough, or when not ramping. The gate's own estimate "
-            f"of what would decide a hold is in its reason: {_STATUS}.",
-            (Query(f"max by (path) ({_ROLLOUT}tasks_needed)", "{{path}}"),),
+            "Documents still needed",
+            "Finished documents each path still needs in this step (ROLLOUT_MIN_DOCUMENTS), as of "
+            "the autopilot's last look; 0 when enough, or when not ramping. The gate's own "
+            f"estimate of what would decide a hold is in its reason: {_STATUS}.",
+            (Query(f"max by (path) ({_ROLLOUT}documents_needed)", "{{path}}"),),
             unit="short",
             steps=INFO_STEPS,
             width=5,
@@ -160,12 +160,12 @@ ROLLOUT = Row(
             max=100,
         ),
         Graph(
-            "Tasks in this step",
-            "Tasks each path finished in the current step, and how many more it needs "
-            "(ROLLOUT_MIN_TASKS), as the autopilot's last look counted them.",
+            "Documents in this step",
+            "Documents each path finished in the current step, and how many more it needs "
+            "(ROLLOUT_MIN_DOCUMENTS), as the autopilot's last look counted them.",
             (
-                Query(f"max by (path) ({_ROLLOUT}step_tasks)", "{{path}} finished"),
-                Query(f"max by (path) ({_ROLLOUT}tasks_needed)", "{{path}} still needed"),
+                Query(f"max by (path) ({_ROLLOUT}step_documents)", "{{path}} finished"),
+                Query(f"max by (path) ({_ROLLOUT}documents_needed)", "{{path}} still needed"),
             ),
             "short",
             width=8,

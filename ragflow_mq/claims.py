@@ -9,20 +9,26 @@ that skips any later record of it (a redelivery, a producer retry, a record that
 ``queue_product`` fell back to Redis).
 
 A claim lapses when its process's ``alive`` key does (``SERVE_LEASE_S`` after its last
-refresh), or at once for a process of the same consumer name, which is the restarted executor
-(RAGFlow's entrypoint restarts it under its old name, and Redis hands it its own pending
-entries back at once, too).
+refresh: minutes, so that a frozen process keeps its tasks as Redis keeps a live consumer's
+pending entries), or at once when its consumer name starts again under a new incarnation,
+which is the restarted executor (RAGFlow's entrypoint restarts it under its old name, and
+Redis hands it its own pending entries back at once, too). The claims in a process's hands
+are asserted again at every refresh, so a store that restarted without persistence or evicted
+a claim has it back within ``SERVE_CLAIM_REFRESH_S``; until then a store younger than twice
+that is read with caution (``cautious``): a task nobody claims may still be running.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final
 
 import valkey.asyncio as avalkey
 
+from ragflow_mq import claim_scripts
 from ragflow_mq.contract import Keys
 from sidecar.transport.valkey_client import translate_valkey_errors
 
@@ -41,57 +47,12 @@ class Claim(StrEnum):
     DONE = "done"  # it ran (or went to Redis): skip the record
 
 
-# KEYS: claim_1, done_1, claim_2, done_2, ...; ARGV: owner, "<consumer>|", alive prefix, ttl_s.
-# The alive key is read by name (the holder is known only here): a single Valkey, not a
-# cluster, as the sidecar's other scripts assume.
-_CLAIM = """
-local out = {}
-for i = 1, #KEYS, 2 do
-  local claim, done = KEYS[i], KEYS[i + 1]
-  if redis.call('EXISTS', done) == 1 then
-    out[#out + 1] = 'done'
-  else
-    local holder = redis.call('GET', claim)
-    if not holder then
-      redis.call('SET', claim, ARGV[1], 'EX', ARGV[4])
-      out[#out + 1] = 'new'
-    elseif holder == ARGV[1] then
-      out[#out + 1] = 'ours'
-    elseif string.sub(holder, 1, #ARGV[2]) == ARGV[2]
-        or redis.call('EXISTS', ARGV[3] .. holder) == 0 then
-      redis.call('SET', claim, ARGV[1], 'EX', ARGV[4])
-      out[#out + 1] = 'retaken'
-    else
-      out[#out + 1] = 'held'
-    end
-  end
-end
-return out
-"""
-# KEYS: claim_1, done_1, ...; ARGV: owner, done ttl_s. Done whoever holds the claim now: the
-# task ran to its ack here, and no record of it may run again.
-_FINISH = """
-for i = 1, #KEYS, 2 do
-  redis.call('SET', KEYS[i + 1], ARGV[1], 'EX', ARGV[2])
-  if redis.call('GET', KEYS[i]) == ARGV[1] then redis.call('DEL', KEYS[i]) end
-end
-return #KEYS / 2
-"""
-# KEYS: claims; ARGV: owner. Claims of records fetched ahead and never handed out.
-_RELEASE = """
-local n = 0
-for i = 1, #KEYS do
-  if redis.call('GET', KEYS[i]) == ARGV[1] then n = n + redis.call('DEL', KEYS[i]) end
-end
-return n
-"""
-# KEYS: claim, done; ARGV: marker, ttl_s. 1: the task is Redis's now; 0: Kafka's record of it
-# was claimed or ran already (a try that timed out had landed), so it must not go to Redis too.
-_DIVERT = """
-if redis.call('EXISTS', KEYS[1]) == 1 or redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[2])
-return 1
-"""
+@dataclass(frozen=True)
+class Reasserted:
+    """What a liveness refresh found of the claims in hand."""
+
+    restored: int  # claims the store had lost, written back
+    lost: list[str]  # task ids another process claimed meanwhile (the store forgot ours)
 
 
 class Claims:
@@ -115,10 +76,13 @@ class Claims:
         self._lease_ms = max(int(lease_s * 1000), 1)
         self._done_ttl_s = done_ttl_s
         self._where = where
-        self._claim: Any = client.register_script(_CLAIM)
-        self._finish: Any = client.register_script(_FINISH)
-        self._release: Any = client.register_script(_RELEASE)
-        self._divert: Any = client.register_script(_DIVERT)
+        self.incarnation = incarnation
+        self._claim: Any = client.register_script(claim_scripts.CLAIM)
+        self._finish: Any = client.register_script(claim_scripts.FINISH)
+        self._release: Any = client.register_script(claim_scripts.RELEASE)
+        self._keep_alive: Any = client.register_script(claim_scripts.KEEP_ALIVE)
+        self._pend: Any = client.register_script(claim_scripts.PEND)
+        self._adopt: Any = client.register_script(claim_scripts.ADOPT)
 
     def _pairs(self, task_ids: Sequence[str]) -> list[str]:
         keys: list[str] = []
@@ -126,20 +90,32 @@ class Claims:
             keys += (self._keys.claim(task_id), self._keys.done(task_id))
         return keys
 
-    async def claim(self, task_ids: Sequence[str]) -> list[Claim]:
-        """Claim each task for this process; one outcome per id, in order."""
+    async def claim(self, task_ids: Sequence[str], *, cautious: bool = False) -> list[Claim]:
+        """Claim each task for this process; one outcome per id, in order. ``cautious``: the
+        store may have forgotten claims lately, so an unclaimed task is ``HELD``, not ``NEW``."""
         if not task_ids:
             return []
-        args = (self.owner, f"{self.consumer_name}|", self._keys.alive(""), self._done_ttl_s)
+        args = (
+            self.owner,
+            f"{self.consumer_name}|",
+            self._keys.alive(""),
+            self._keys.incarnation(""),
+            self._done_ttl_s,
+            "1" if cautious else "0",
+            self._keys.claim(""),
+            self._keys.pending(""),
+        )
         with translate_valkey_errors("claim served tasks", self._where):
             replies = await self._claim(keys=self._pairs(task_ids), args=args)
         return [Claim(_text(reply)) for reply in replies]
 
     async def finish(self, task_ids: Sequence[str]) -> None:
-        """Mark the tasks done (RAGFlow acked them) and drop this process's claims."""
+        """Mark the tasks done (RAGFlow acked them), drop this process's claims and their
+        pending entries (a task taken back from the pending list)."""
         if task_ids:
+            keys = [*self._pairs(task_ids), self._keys.pending(self.consumer_name)]
             with translate_valkey_errors("mark served tasks done", self._where):
-                await self._finish(keys=self._pairs(task_ids), args=(self.owner, self._done_ttl_s))
+                await self._finish(keys=keys, args=(self.owner, self._done_ttl_s, *task_ids))
 
     async def release(self, task_ids: Sequence[str]) -> None:
         """Give back claims of tasks fetched ahead and never handed to RAGFlow."""
@@ -159,10 +135,49 @@ class Claims:
                 replies = await pipe.execute()
         return [bool(reply) for reply in replies]
 
-    async def keep_alive(self) -> None:
-        """Refresh this process's liveness (every third of the lease)."""
+    async def keep_alive(self, held: Sequence[str] = ()) -> Reasserted:
+        """Refresh this process's liveness and assert its claims of ``held`` again."""
+        keys = [
+            self._keys.alive(self.owner),
+            self._keys.incarnation(self.consumer_name),
+            *(self._keys.claim(task_id) for task_id in held),
+        ]
+        args = (self.owner, self.incarnation, self._lease_ms, self._done_ttl_s, self._done_ttl_s)
         with translate_valkey_errors("refresh liveness", self._where):
-            await self._client.set(self._keys.alive(self.owner), b"1", px=self._lease_ms)
+            restored, lost = await self._keep_alive(keys=keys, args=args)
+        prefix = len(self._keys.claim(""))
+        return Reasserted(int(restored), [_text(key)[prefix:] for key in lost])
+
+    async def pend(self, task_id: str, entry: str) -> None:
+        """``task_id`` was given up on by RAGFlow: it is this consumer name's pending entry."""
+        keys = [
+            self._keys.pending(self.consumer_name),
+            self._keys.pending_index,
+            self._keys.claim(task_id),
+        ]
+        args = (self.consumer_name, task_id, entry, self.owner, self._done_ttl_s)
+        with translate_valkey_errors("keep a served task pending", self._where):
+            await self._pend(keys=keys, args=args)
+
+    async def adopt(self, at_most: int) -> list[tuple[str, str]]:
+        """Pending tasks this process may run now, claimed: its consumer name's own, then
+        those of gone holders; (task id, entry) pairs."""
+        if at_most <= 0:
+            return []
+        args = (
+            self.owner,
+            self.consumer_name,
+            self._keys.alive(""),
+            self._keys.incarnation(""),
+            self._keys.claim(""),
+            self._keys.done(""),
+            self._keys.pending(""),
+            self._done_ttl_s,
+            at_most,
+        )
+        with translate_valkey_errors("take pending served tasks", self._where):
+            reply = await self._adopt(keys=[self._keys.pending_index], args=args)
+        return [(_text(reply[i]), _text(reply[i + 1])) for i in range(0, len(reply), 2)]
 
     async def leave(self) -> None:
         """This process is ending: its claims lapse now, not a lease later."""
@@ -174,7 +189,7 @@ async def divert(client: avalkey.Valkey, keys: Keys, task_id: str, ttl_s: int, w
     """Before a task meant for Kafka is enqueued on Redis: True when Redis may have it (no
     record of it was claimed or ran, and none ever will), False when Kafka's copy has it."""
     with translate_valkey_errors("divert a task to Redis", where):
-        script: Any = client.register_script(_DIVERT)
+        script: Any = client.register_script(claim_scripts.DIVERT)
         reply = await script(
             keys=[keys.claim(task_id), keys.done(task_id)], args=(REDIS_MARKER, ttl_s)
         )

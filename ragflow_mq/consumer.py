@@ -25,11 +25,14 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from ragflow_mq.claims import Claim, Claims
+from ragflow_mq.claims import Claims
 from ragflow_mq.contract import SERVED_HEADER, Keys
 from ragflow_mq.dead_letters import DeadLetters
 from ragflow_mq.evidence import Recorder
 from ragflow_mq.hand import Hand, KafkaTask, queue_of
+from ragflow_mq.parking import Parking, Served
+from ragflow_mq.pending import decode_entry, encode_entry
+from ragflow_mq.store_health import read_facts, read_identity, say_risks
 from sidecar.config import Settings
 from sidecar.config.routing import RouteTable
 from sidecar.errors import MessageDecodeError, SidecarError
@@ -43,8 +46,6 @@ _FETCH_TIMEOUT_MS = 500
 # member in the group); a slot that frees wakes the fetch at once.
 _BUSY_POLL_S = 1.0
 _RECHECK_S = 1.0  # parked records: is their task done, or its holder gone?
-
-Served = tuple[QueueMessage, dict[str, Any]]
 
 
 class ServeConsumer:
@@ -73,8 +74,9 @@ class ServeConsumer:
         self._busy = busy
         self._on_finished = on_finished
         self._hand = Hand(settings.mirror.streams)
-        self._parked: dict[str, Served] = {}  # message id -> record whose task is held elsewhere
+        self._parking: Parking | None = None
         self._done: asyncio.Queue[KafkaTask] = asyncio.Queue()
+        self._given_up: asyncio.Queue[KafkaTask] = asyncio.Queue()
         self._marking: list[KafkaTask] = []  # acked, its done marker being written
         self._loop: asyncio.AbstractEventLoop | None = None
         self._consumer: KafkaConsumer | None = None
@@ -84,9 +86,8 @@ class ServeConsumer:
         self._slot_freed = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._warned: set[str] = set()
-        # Partitions revoked since the last fetch returned: records of theirs claimed meanwhile
-        # are their new owner's, and are given back rather than handed out here.
-        self._revoked_lately: set[tuple[str, int]] = set()
+        self._store_run_id = ""
+        self._cautious_until = 0.0  # monotonic: till then the store may have forgotten claims
 
     async def start(self) -> None:
         serve = self._settings.serve
@@ -103,6 +104,10 @@ class ServeConsumer:
             done_ttl_s=serve.done_ttl_s,
             where=self._settings.state.display_url,
         )
+        where = self._settings.state.display_url
+        facts = await read_facts(self._store, where)
+        say_risks(facts, where)
+        self._note_store(facts.run_id, facts.uptime_s)
         await self._claims.keep_alive()  # before any claim: a claim of ours must look alive
         self._consumer = KafkaConsumer(
             self._settings.kafka,
@@ -116,18 +121,45 @@ class ServeConsumer:
             max_poll_interval_ms=serve.max_poll_interval_ms,
         )
         await self._consumer.start()
+        self._parking = Parking(
+            self._hand,
+            self._claims,
+            self._consumer,
+            self._recorder,
+            on_ack=self.finished,
+            cautious=lambda: time.monotonic() < self._cautious_until,
+            on_finished=self._consumer.finish,
+        )
         self._dlq = DeadLetters(self._settings.kafka)
+        await self._adopt()  # this consumer name's pending tasks first, as Redis replays its own
         self._tasks = [
             asyncio.create_task(self._keep_fetching(), name="ragflow-mq-fetch"),
             asyncio.create_task(self._run_commits(), name="ragflow-mq-commit"),
             asyncio.create_task(self._run_finisher(), name="ragflow-mq-finish"),
             asyncio.create_task(self._run_alive(), name="ragflow-mq-alive"),
+            asyncio.create_task(self._run_given_up(), name="ragflow-mq-pending"),
         ]
+
+    def _note_store(self, run_id: str, uptime_s: float) -> bool:
+        """Remember the store's run id; True when it changed (the store restarted). A young
+        store may have lost claims that their holders have not asserted again yet."""
+        restarted = bool(self._store_run_id) and run_id != self._store_run_id
+        self._store_run_id = run_id
+        window_s = 2 * self._settings.serve.claim_refresh_s
+        if uptime_s < window_s:
+            self._cautious_until = max(self._cautious_until, time.monotonic() + window_s - uptime_s)
+        return restarted
 
     # -- fetching ----------------------------------------------------------------------------
 
     def room(self) -> int:
-        """Records this executor could start now: free slots less what waits in the buffers."""
+        """Records this executor could start now: free slots less what waits in the buffers;
+        none while as many records are parked as RAGFlow has slots."""
+        if self._parking is not None and len(self._parking.parked) >= self._settings.serve.prefetch:
+            return 0
+        return self._free_slots()
+
+    def _free_slots(self) -> int:
         return self._settings.serve.prefetch - self._hand.filled() - self._busy()
 
     async def _keep_fetching(self) -> None:
@@ -147,10 +179,11 @@ class ServeConsumer:
             consumer = self._consumer
             if consumer is None:
                 return
+            parking = self._parking
             now = time.monotonic()
-            if self._parked and now >= next_recheck:
+            if parking is not None and parking.parked and now >= next_recheck:
                 next_recheck = now + _RECHECK_S
-                await self._recheck_parked()
+                await parking.recheck(self._free_slots())
             self._slot_freed.clear()
             room = self.room()
             if room <= 0:
@@ -170,7 +203,8 @@ class ServeConsumer:
             # Cleared when the fetch returns, not when it begins: a fetch that waited through a
             # rebalance returns records of the assignment that followed (aiokafka drops what
             # was fetched before), so a partition revoked meanwhile and given back is ours.
-            self._revoked_lately.clear()
+            if parking is not None:
+                parking.revoked_lately.clear()
             if batch:
                 await self._accept(batch)
 
@@ -187,14 +221,55 @@ class ServeConsumer:
                 logger.warning("could not commit finished tasks: %s", exc)
 
     async def _run_alive(self) -> None:
-        interval_s = self._settings.serve.lease_s / 3
+        """Liveness, the claims in hand asserted again, and pending tasks of gone holders
+        taken for free slots, every ``SERVE_CLAIM_REFRESH_S``."""
         while not self._stopping.is_set():
-            await asyncio.sleep(interval_s)
-            assert self._claims is not None
+            await asyncio.sleep(self._settings.serve.claim_refresh_s)
             try:
-                await self._claims.keep_alive()
+                await self._refresh()
             except SidecarError as exc:
                 logger.warning("could not refresh this executor's liveness: %s", exc)
+
+    async def _refresh(self) -> None:
+        assert self._claims is not None
+        where = self._settings.state.display_url
+        if self._note_store(*await read_identity(self._store, where)):
+            logger.warning("the state store %s restarted: asserting the claims in hand", where)
+        reasserted = await self._claims.keep_alive(sorted(self._hand.held()))
+        if reasserted.restored:
+            logger.warning(
+                "the state store had lost %d claim(s) of tasks this executor holds (a restart "
+                "or an eviction): written back",
+                reasserted.restored,
+            )
+        if reasserted.lost:
+            logger.error(
+                "served task(s) %s held here were claimed by another executor after the state "
+                "store lost their claims: they may run twice",
+                ", ".join(reasserted.lost),
+            )
+        await self._adopt()
+
+    async def _adopt(self) -> None:
+        """Pending tasks (given up on by RAGFlow, never acked) this process may run now."""
+        assert self._claims is not None
+        room = self.room()
+        if room <= 0:
+            return
+        held = self._hand.held()
+        for task_id, entry in await self._claims.adopt(room):
+            if task_id in held:
+                continue  # this process gave it up: only its next start runs it again
+            try:
+                message = decode_entry(entry)
+                task = decode_task(message.value)
+            except (ValueError, KeyError, MessageDecodeError) as exc:
+                logger.error("pending served task %s cannot be read, left as is: %s", task_id, exc)
+                continue
+            self._recorder.count("kafka", "retried")
+            logger.info("served task %s taken back from its consumer's pending list", task_id)
+            waiting = KafkaTask(message, task, self.finished, retaken=True, replayed=True)
+            self._hand.wait(queue_of(message), waiting)
 
     async def _accept(self, batch: list[QueueMessage]) -> None:
         assert self._consumer is not None and self._dlq is not None
@@ -215,76 +290,8 @@ class ServeConsumer:
                 logger.warning("served record %s dead-lettered: %s", message.id, exc)
                 continue
             served.append((message, task))
-        await self._claim(served)
-
-    async def _claim(self, records: list[Served]) -> None:
-        """Claim the records' tasks and buffer, park or skip each by what the claim found."""
-        if not records:
-            return
-        assert self._claims is not None and self._consumer is not None
-        held = self._hand.held()  # and after: one acked meanwhile is ours, no longer held
-        try:
-            outcomes = await self._claims.claim([str(task["id"]) for _, task in records])
-        except SidecarError as exc:
-            # Nobody can tell whether they run elsewhere: wait, never guess.
-            logger.warning("could not claim %d served task(s), parked: %s", len(records), exc)
-            for message, task in records:
-                self._parked[message.id] = (message, task)
-            return
-        # No await from here to the buffers: a rebalance that took a partition while its
-        # records were claimed has run by now, and those records are the new owner's.
-        here = held | self._hand.held()
-        given_back: list[str] = []
-        for (message, task), outcome in zip(records, outcomes, strict=True):
-            task_id = str(task["id"])
-            self._parked.pop(message.id, None)
-            if (message.topic, message.partition) in self._revoked_lately:
-                if outcome in (Claim.NEW, Claim.RETAKEN):
-                    given_back.append(task_id)
-            elif outcome is Claim.DONE:
-                self._consumer.finish(message)
-                self._recorder.count("kafka", "duplicate")
-                logger.info("served record %s: task %s already ran, skipped", message.id, task_id)
-            elif outcome is Claim.HELD or (outcome is Claim.OURS and task_id in here):
-                self._parked[message.id] = (message, task)
-            else:
-                if outcome is Claim.RETAKEN:
-                    self._recorder.count("kafka", "retried")
-                    logger.info("served task %s taken over from a gone executor", task_id)
-                retaken = outcome is Claim.RETAKEN
-                waiting = KafkaTask(message, task, self.finished, retaken=retaken)
-                self._hand.wait(queue_of(message), waiting)
-                here.add(task_id)  # a second record of it in this batch is parked
-        if given_back:
-            await self._release(given_back)
-
-    async def _recheck_parked(self) -> None:
-        """Claim the parked records the free slots can take (their task may be done, or its
-        holder gone, by now); only a done marker can release the rest."""
-        parked = list(self._parked.values())
-        room = max(self.room(), 0)
-        await self._claim(parked[:room])
-        rest = parked[room:]
-        if not rest:
-            return
-        assert self._claims is not None and self._consumer is not None
-        try:
-            done = await self._claims.done([str(task["id"]) for _, task in rest])
-        except SidecarError as exc:
-            logger.warning("could not check %d parked served task(s): %s", len(rest), exc)
-            return
-        for (message, _), is_done in zip(rest, done, strict=True):
-            if is_done and self._parked.pop(message.id, None) is not None:
-                self._consumer.finish(message)
-                self._recorder.count("kafka", "duplicate")
-
-    async def _release(self, task_ids: list[str]) -> None:
-        assert self._claims is not None
-        try:
-            await self._claims.release(task_ids)
-        except SidecarError as exc:
-            # Not lost: another process takes them once this one's liveness lapses.
-            logger.warning("could not release %d claim(s): %s", len(task_ids), exc)
+        assert self._parking is not None
+        await self._parking.claim(served)
 
     # -- RAGFlow's calls (its thread) ---------------------------------------------------------
 
@@ -317,8 +324,45 @@ class ServeConsumer:
         self._recorder.observe("kafka", "processing", (time.time() - task.handed_out_s) * 1000)
         self._on_finished(task)
 
+    def given_up(self, task: KafkaTask) -> None:
+        """RAGFlow let ``task`` go without an ack (any thread): its slot is free now, and the
+        task stays pending for this consumer name, as a Redis entry would."""
+        if not self._hand.give_up(task):
+            return
+        self._recorder.count("kafka", "abandoned")
+        logger.warning(
+            "served task %s was handed out and never acked: kept pending for %s, which runs it "
+            "again when it restarts",
+            task.task_id,
+            self.consumer_name,
+        )
+        self.wake()
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._given_up.put_nowait, task)
+
+    async def _run_given_up(self) -> None:
+        """Each given-up task written to its pending list, then its record committed past."""
+        while True:
+            task = await self._given_up.get()
+            assert self._claims is not None
+            while True:
+                try:
+                    await self._claims.pend(task.task_id, encode_entry(task.message))
+                    break
+                except SidecarError as exc:
+                    # Its record stays uncommitted meanwhile: nothing is lost if this process ends.
+                    logger.warning("could not keep task %s pending (again in 1 s): %s",
+                                   task.task_id, exc)  # fmt: skip
+                    await asyncio.sleep(1)
+            if self._consumer is not None and not task.replayed:
+                self._consumer.finish(task.message)
+
     def in_hand(self) -> int:
         return self._hand.in_hand()
+
+    def parked(self) -> int:
+        """Records parked: their task is held elsewhere, or the store cannot say."""
+        return len(self._parking.parked) if self._parking is not None else 0
 
     async def _run_finisher(self) -> None:
         while True:
@@ -346,7 +390,8 @@ class ServeConsumer:
         self._hand.marked_done(batch)
         if consumer is not None:
             for task in batch:
-                consumer.finish(task.message)  # False after a revoke: the new owner skips it
+                if not task.replayed:  # False after a revoke: the new owner skips it
+                    consumer.finish(task.message)
 
     # -- rebalances and stopping ---------------------------------------------------------------
 
@@ -358,13 +403,14 @@ class ServeConsumer:
         def revoked(message: QueueMessage) -> bool:
             return (message.topic, message.partition) in partitions
 
-        self._revoked_lately |= partitions
-        dropped = self._hand.drop_waiting(revoked)
-        for message_id, (message, _) in list(self._parked.items()):
-            if revoked(message):
-                del self._parked[message_id]
-        if dropped:
-            await self._release(dropped)
+        # A task taken from a pending list has no record of a partition: it stays.
+        dropped = self._hand.drop_waiting(lambda t: revoked(t.message) and not t.replayed)
+        parking = self._parking
+        if parking is not None:
+            parking.revoked_lately |= partitions
+            parking.drop(revoked)
+            if dropped:
+                await parking.release(dropped)
 
     async def stop(self) -> None:
         """Stop fetching; release what was fetched ahead, mark what was acked done, commit,
@@ -378,8 +424,8 @@ class ServeConsumer:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
         unused = self._hand.drop_waiting()
-        if self._claims is not None:
-            await self._release(unused)
+        if self._claims is not None and self._parking is not None:
+            await self._parking.release(unused)
             # Also a batch whose marking the cancel cut short (marking again is harmless): a
             # task acked as the executor stops is done before the last commit, not redelivered.
             acked, self._marking = self._marking, []

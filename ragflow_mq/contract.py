@@ -21,10 +21,12 @@ PATHS: Final[tuple[Path, ...]] = ("redis", "kafka")
 # retried: handed out again (a pending replay, a dead executor's task taken over);
 # dead_lettered: sent to the DLQ instead of RAGFlow (undecodable only); diverted: meant for
 # Kafka, enqueued on Redis because Kafka was away or slow (the breaker); duplicate: a served
-# record whose task had already run or gone to Redis, skipped.
+# record whose task had already run or gone to Redis, skipped; abandoned: handed out and
+# never acked, RAGFlow gave up on it (a database error right after queue_consumer), left
+# pending for its consumer name as Redis leaves the entry.
 EVENTS: Final = (
     "produced", "started", "finished", "failed", "retried", "dead_lettered", "diverted",
-    "duplicate",
+    "duplicate", "abandoned",
 )  # fmt: skip
 # A document is what one routing key holds (a document's tasks, a memory's, one dataset-wide
 # job or canvas run): its tasks all take one path and share its fate (a broken PDF fails every
@@ -33,7 +35,7 @@ EVENTS: Final = (
 DOCUMENT_EVENTS: Final = ("document_started", "document_finished", "document_failed")
 Event = Literal[
     "produced", "started", "finished", "failed", "retried", "dead_lettered", "diverted",
-    "duplicate", "document_started", "document_finished", "document_failed",
+    "duplicate", "abandoned", "document_started", "document_finished", "document_failed",
 ]  # fmt: skip
 # queue_wait: enqueued to handed out; processing: handed out to acked. document_queue_wait:
 # the queue wait of a document's first started task; document_processing: the processing time
@@ -99,6 +101,21 @@ class Keys:
     def alive(self, owner: str) -> str:
         """Refreshed by a live executor process; its claims lapse when it is gone."""
         return f"{self.prefix}:alive:{owner}"
+
+    def incarnation(self, consumer_name: str) -> str:
+        """The incarnation of the process that last started under a consumer name: its
+        earlier incarnations are gone (RAGFlow restarts a dead executor under its old name)."""
+        return f"{self.prefix}:incarnation:{consumer_name}"
+
+    def pending(self, consumer_name: str) -> str:
+        """A consumer name's served tasks handed out and never acked (task id -> record),
+        taken back when it starts again (``ragflow_mq.pending``)."""
+        return f"{self.prefix}:pending:{consumer_name}"
+
+    @property
+    def pending_index(self) -> str:
+        """The consumer names with pending served tasks."""
+        return f"{self.prefix}:pending"
 
     def drained(self, topic: str, partition: int, offset: int) -> str:
         """The stream entry id a served record was moved to by drain-to-redis."""

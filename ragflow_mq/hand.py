@@ -30,11 +30,14 @@ class KafkaTask:
         on_ack: Callable[[KafkaTask], None],
         *,
         retaken: bool = False,
+        replayed: bool = False,
     ) -> None:
         self.message = message
         self._task = task
         # Taken over from an executor that died holding it: maybe what killed it.
         self.retaken = retaken
+        # Taken from a pending list: its record was committed past, there is nothing to commit.
+        self.replayed = replayed
         self._on_ack = on_ack
         self.handed_out_s = time.time()
         self._acked = False
@@ -54,6 +57,10 @@ class KafkaTask:
         """From the record's enqueue to its hand-out."""
         return self.handed_out_s * 1000 - self.message.timestamp_ms
 
+    @property
+    def acked(self) -> bool:
+        return self._acked
+
     def ack(self) -> bool:
         """Mark the task done; its done marker and offset are written in the background."""
         if not self._acked:
@@ -71,6 +78,10 @@ class Hand:
         self._buffers: dict[str, deque[KafkaTask]] = {queue: deque() for queue in self._queues}
         self._in_hand: dict[str, KafkaTask] = {}  # message id -> task handed out, not acked
         self._finishing: set[str] = set()  # task ids acked, done marker not yet written
+        # Task ids RAGFlow gave up on (handed out, never acked): pending for this consumer name,
+        # never handed out again by this process, as Redis replays a pending entry only to
+        # its consumer's next start.
+        self._given_up: set[str] = set()
 
     def knows(self, queue: str) -> bool:
         return queue in self._buffers
@@ -90,7 +101,7 @@ class Hand:
         with self._lock:
             ids = {task.task_id for buffer in self._buffers.values() for task in buffer}
             ids |= {task.task_id for task in self._in_hand.values()}
-            return ids | self._finishing
+            return ids | self._finishing | self._given_up
 
     def wait(self, queue: str, task: KafkaTask) -> None:
         """``task`` waits for a slot; an unknown queue (not in MIRROR_STREAMS) is served with
@@ -120,16 +131,24 @@ class Hand:
             self._finishing.add(task.task_id)
             self._in_hand.pop(task.message.id, None)
 
+    def give_up(self, task: KafkaTask) -> bool:
+        """RAGFlow let ``task`` go unacked: its slot is free. False when it was acked."""
+        with self._lock:
+            if self._in_hand.pop(task.message.id, None) is None:
+                return False
+            self._given_up.add(task.task_id)
+            return True
+
     def marked_done(self, tasks: Sequence[KafkaTask]) -> None:
         with self._lock:
             for task in tasks:
                 self._finishing.discard(task.task_id)
 
-    def drop_waiting(self, dropped: Callable[[QueueMessage], bool] = lambda m: True) -> list[str]:
-        """Take the waiting tasks whose record ``dropped`` names out; their task ids."""
+    def drop_waiting(self, dropped: Callable[[KafkaTask], bool] = lambda t: True) -> list[str]:
+        """Take the waiting tasks ``dropped`` names out; their task ids."""
         with self._lock:
             ids: list[str] = []
             for queue, buffer in self._buffers.items():
-                ids += [task.task_id for task in buffer if dropped(task.message)]
-                self._buffers[queue] = deque(t for t in buffer if not dropped(t.message))
+                ids += [task.task_id for task in buffer if dropped(task)]
+                self._buffers[queue] = deque(t for t in buffer if not dropped(t))
             return ids

@@ -57,6 +57,10 @@ class RedisTask:
     def get_msg_id(self) -> Any:
         return self._message.get_msg_id()
 
+    @property
+    def acked(self) -> bool:
+        return self._acked
+
     def ack(self) -> bool:
         ok = bool(self._message.ack())
         if not self._acked:
@@ -97,6 +101,10 @@ class Runtime:
         # Task id -> (path, document), while RAGFlow holds the task; and how many are Redis's.
         self._held: dict[str, tuple[str, str]] = {}
         self._held_on_redis = 0
+        # RAGFlow's coroutine (an asyncio task) -> the task it was handed last: a coroutine that
+        # ends, or asks again, without acking it has given it up (collect() raised after
+        # queue_consumer), and its slot is RAGFlow's again.
+        self._callers: dict[asyncio.Task[Any], KafkaTask | RedisTask] = {}
         self._redis_busy: dict[str, bool] = {}
         self._redis_turn: dict[str, bool] = {}
         self._closed = False
@@ -119,6 +127,7 @@ class Runtime:
         self._background = False
         self._held.clear()
         self._held_on_redis = 0
+        self._callers = {}
 
     def _new_producer(self) -> ServeProducer:
         return ServeProducer(
@@ -297,6 +306,45 @@ class Runtime:
         wait_ms = task.queue_wait_ms
         if wait_ms is not None:
             self.recorder.first(path, "started", document, latency="queue_wait", ms=wait_ms)
+        self._watch_caller(task)
+
+    def _watch_caller(self, task: KafkaTask | RedisTask) -> None:
+        """Tie ``task`` to RAGFlow's coroutine that took it (upstream: one per slot, on one
+        asyncio loop, the queue calls synchronous on it). Outside a coroutine, nothing."""
+        try:
+            caller = asyncio.current_task()
+        except RuntimeError:  # no running loop in this thread
+            return
+        if caller is None:
+            return
+        previous = self._callers.get(caller)
+        self._callers[caller] = task
+        if previous is None:
+            caller.add_done_callback(self._caller_done)
+        elif not previous.acked:
+            self._gave_up(previous)
+
+    def _caller_done(self, caller: asyncio.Task[Any]) -> None:
+        task = self._callers.pop(caller, None)
+        if task is not None and not task.acked:
+            self._gave_up(task)
+
+    def _gave_up(self, task: KafkaTask | RedisTask) -> None:
+        """RAGFlow dropped ``task`` unacked: its slot is free. A Redis entry stays pending in
+        Redis; a served task is kept pending for this consumer name in the state store."""
+        message = task.get_message()
+        task_id = task.task_id if isinstance(task, KafkaTask) else (
+            message.get("id") if isinstance(message, dict) else None
+        )  # fmt: skip
+        self._let_go(str(task_id))
+        if isinstance(task, KafkaTask):
+            if self.consumer is not None:
+                self.consumer.given_up(task)
+            return
+        self.recorder.count("redis", "abandoned")
+        logger.warning("task %s was handed out from Redis and never acked: left pending", task_id)
+        if self.consumer is not None:
+            self.consumer.wake()
 
     def _let_go(self, task_id: str) -> tuple[str, str] | None:
         with self._lock:

@@ -30,10 +30,11 @@ __all__ = ["SCALED_PLAN", "RolloutRun", "run_rollout", "start_autopilot"]
 SCALED_PLAN = {
     "ROLLOUT_STEPS": "10,50,100",
     "ROLLOUT_DWELL_S": "3",
-    "ROLLOUT_MIN_TASKS": "20",
+    "ROLLOUT_MIN_DOCUMENTS": "20",
     "ROLLOUT_INTERVAL_S": "1",
     "ROLLOUT_LEASE_S": "5",
-    "GATE_MIN_SAMPLE": "20",
+    "GATE_MIN_DOCUMENTS": "20",
+    "GATE_MIN_VERDICTS": "20",
 }
 
 

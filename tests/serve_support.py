@@ -61,6 +61,7 @@ class ServeWorld:
             "MIRROR_ROUTES",
             "KAFKA_CONSUMER_GROUP",
             "SERVE_KEY_PREFIX",
+            "SERVE_CLAIM_REFRESH_S",
             "KAFKA_TRAFFIC_PERCENT",
             "KAFKA_SERVE_PERCENT",
             "MQ_BACKEND",
@@ -233,6 +234,9 @@ async def make_world(
         "KAFKA_CONSUMER_GROUP": world.group,
         "SERVE_KEY_PREFIX": unique,
         "SERVE_SESSION_TIMEOUT_MS": "6000",
+        # A store younger than twice this is read with caution (its claims may have been
+        # lost): the session's Valkey is seconds old when the first tests run.
+        "SERVE_CLAIM_REFRESH_S": "1",
         "REDIS_URL": stack.valkey.url,
         "KAFKA_BOOTSTRAP_SERVERS": world.bootstrap,
         **env,

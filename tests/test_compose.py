@@ -276,7 +276,7 @@ def test_the_autopilot_runs_beside_the_sidecar_with_its_settings(
     )
     settings = Settings.from_env(environ=rollout["environment"])
     assert settings.rollout.steps == (1.0, 5.0, 25.0, 50.0, 100.0)
-    assert (settings.rollout.dwell_s, settings.rollout.min_tasks) == (600.0, 200)
+    assert (settings.rollout.dwell_s, settings.rollout.min_documents) == (600.0, 50)
     assert (settings.rollout.on_rollback, settings.rollout.lease_s) == ("zero", 30.0)
 
 
@@ -472,6 +472,8 @@ def test_alerts_cover_the_agreed_conditions() -> None:
         "SidecarDown": 'up{job="ragflow-sidecar"}',
         "SidecarStateStoreNearlyFull": "(ragflow_sidecar_state_store_maxmemory_bytes > 0)",
         "SidecarStateStoreEvicting": "increase(ragflow_sidecar_state_store_evicted_keys_total",
+        "SidecarOrphanedPendingEntries": "ragflow_sidecar_orphaned_pending_entries",
+        "SidecarDeploymentCanLoseTasks": 'ragflow_sidecar_doctor_findings{severity="risk"',
     }
     for alert, fragment in expected.items():
         assert fragment in alerts[alert], alert

@@ -55,10 +55,10 @@ REQUIRED_PANELS = {
         "Rollout step",
         "Autopilot's share",
         "Dwell left",
-        "Tasks still needed",
+        "Documents still needed",
         "Last decision",
         "Autopilot's share vs served",
-        "Tasks in this step",
+        "Documents in this step",
         "Decisions by action",
     },
     DRILL_DOWN: {

@@ -148,7 +148,10 @@ def gate(
         "KAFKA_SERVE_PERCENT": "20",
         "MIRROR_STREAMS": stream,
         "SERVE_KEY_PREFIX": unique,
-        "GATE_MIN_SAMPLE": str(MIN_SAMPLE),
+        "GATE_MIN_DOCUMENTS": str(MIN_SAMPLE),
+        "GATE_MIN_VERDICTS": str(MIN_SAMPLE),
+        # Margins for a window of hundreds of documents (tests/test_margins.py has the defaults').
+        "GATE_FAILED_MARGIN_POINTS": "25",
     }
     client = valkey.Valkey(**settings.redis.client_kwargs())
     keys = Keys(unique)
@@ -194,8 +197,10 @@ def test_below_the_minimum_sample_holds(gate: Gate) -> None:
     code, out, _ = gate.run()
     assert code == 1, out
     assert "decision: HOLD (exit 1)" in out
-    assert f"only 10 judged verdicts (GATE_MIN_SAMPLE={MIN_SAMPLE})" in out
-    assert f"only 20 kafka-path tasks finished (GATE_MIN_SAMPLE={MIN_SAMPLE}): 30 more" in out
+    assert f"only 10 judged verdicts (GATE_MIN_VERDICTS={MIN_SAMPLE})" in out
+    assert (
+        f"only 20 kafka-path documents finished (GATE_MIN_DOCUMENTS={MIN_SAMPLE}): 30 more" in out
+    )
     assert row(out, "finished (redis)").split()[-1] == "ok"
 
 
@@ -221,11 +226,11 @@ def test_failures_count_by_document(gate: Gate) -> None:
     task, 40 against 4 rolled back); 40 documents failing on Kafka are one."""
     gate.verdicts(match=60)
     gate.served("redis", finished=400, failed=4)
-    gate.served("kafka", finished=400, failed=40, tasks_a_document=20)
+    gate.served("kafka", finished=1000, failed=40, tasks_a_document=20)
     code, out, _ = gate.run()
     assert code == 0, out
     line = row(out, "failed documents")
-    assert "kafka 10.00 % vs redis 1.00 % of finished documents" in line and line.endswith("ok")
+    assert "kafka 4.00 % vs redis 1.00 % of finished documents" in line and line.endswith("ok")
     gate.served("kafka", finished=400, failed=40)
     code, out, _ = gate.run()
     assert code == 3, out
@@ -259,7 +264,7 @@ def test_evidence_leaning_to_a_regression_holds_with_the_tasks_needed(gate: Gate
     assert report["alpha"] == {"total": 0.01, "per_test": 0.002}
     [reason] = report["decision"]["reasons"]
     assert reason.startswith("kafka fails more than redis, not yet proven: e-value")
-    assert "kafka and" in reason and "redis tasks more would decide" in reason
+    assert "kafka and" in reason and "redis documents more would decide" in reason
 
 
 def test_missing_verdicts_and_a_low_match_rate_roll_back(gate: Gate) -> None:

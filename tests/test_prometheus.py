@@ -208,10 +208,14 @@ async def autopilot_decides(settings: Settings, state: RolloutState | None) -> R
             state, decision = decide(plan, RolloutState(), None, now_ms)
             await store.record(state, decision)
             return state
-        promote = GateView("promote", kafka_tasks=plan.min_tasks, redis_tasks=plan.min_tasks)
+        promote = GateView(
+            "promote", kafka_documents=plan.min_documents, redis_documents=plan.min_documents
+        )
         state, decision = decide(plan, state, promote, now_ms + int(plan.dwell_s * 1000))
         await store.record(state, decision)
-        rollback = GateView("rollback", ("kafka fails more",), plan.min_tasks, plan.min_tasks)
+        rollback = GateView(
+            "rollback", ("kafka fails more",), plan.min_documents, plan.min_documents
+        )
         state, decision = decide(plan, state, rollback, now_ms + int(plan.dwell_s * 1000) + 1)
         await store.record(state, decision)
         return state

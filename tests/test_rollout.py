@@ -209,7 +209,7 @@ def _env(stack: LocalStack, unique: str) -> dict[str, str]:
         "SERVE_KEY_PREFIX": unique,
         "ROLLOUT_STEPS": "10,50,100",
         "ROLLOUT_DWELL_S": "0",
-        "ROLLOUT_MIN_TASKS": "5",
+        "ROLLOUT_MIN_DOCUMENTS": "5",
         "ROLLOUT_LEASE_S": "2",
     }
 

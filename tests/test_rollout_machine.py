@@ -11,8 +11,8 @@ from sidecar.config.rollout import RolloutSettings, check_plan
 from sidecar.errors import ConfigError
 from sidecar.rollout.machine import GateView, RolloutState, command, decide
 
-PLAN = RolloutSettings(steps=(1.0, 25.0, 100.0), dwell_s=60.0, min_tasks=10, interval_s=1.0)
-PROMOTE = GateView("promote", kafka_tasks=10, redis_tasks=10)
+PLAN = RolloutSettings(steps=(1.0, 25.0, 100.0), dwell_s=60.0, min_documents=10, interval_s=1.0)
+PROMOTE = GateView("promote", kafka_documents=10, redis_documents=10)
 
 
 def _at_step(step: int, since_ms: int = 0, **changes: object) -> RolloutState:
@@ -38,7 +38,7 @@ def test_a_step_is_held_for_its_dwell_then_promoted() -> None:
 
 
 def test_too_few_tasks_on_a_path_holds_and_says_how_many_more() -> None:
-    view = GateView("promote", kafka_tasks=4, redis_tasks=10)
+    view = GateView("promote", kafka_documents=4, redis_documents=10)
     _, decision = decide(PLAN, _at_step(0), view, 120_000)
     assert decision.action == "hold" and "kafka 6 more" in decision.reason
 
@@ -69,7 +69,7 @@ def test_the_last_step_watches_and_still_rolls_back() -> None:
     state, decision = decide(PLAN, _at_step(2), PROMOTE, 120_000)
     assert (state.phase, decision.action, state.share) == ("watching", "promote", 100.0)
     # At 100 % nothing is left on Redis to judge the step's evidence against: not a hold.
-    state, decision = decide(PLAN, state, GateView("promote", kafka_tasks=50), 180_000)
+    state, decision = decide(PLAN, state, GateView("promote", kafka_documents=50), 180_000)
     assert decision.action == "hold" and "watching" in decision.reason
     state, decision = decide(PLAN, state, GateView("rollback", ("slower",), 50, 0), 240_000)
     assert (state.phase, state.share) == ("rolled_back", 0.0)

@@ -33,7 +33,7 @@ def rollout_settings(stack: LocalStack, prefix: str, redis_url: str | None = Non
             "SERVE_KEY_PREFIX": prefix,
             "ROLLOUT_STEPS": "1,5,25,50,100",
             "ROLLOUT_DWELL_S": str(DWELL_S),
-            "ROLLOUT_MIN_TASKS": "200",
+            "ROLLOUT_MIN_DOCUMENTS": "200",
         }
     )
 
@@ -69,8 +69,8 @@ async def test_the_poller_exports_the_autopilots_record(
     for action in ACTIONS:
         assert sample(text, "ragflow_sidecar_rollout_decisions_total", action=action) == 0
     for path in ("kafka", "redis"):
-        assert sample(text, "ragflow_sidecar_rollout_tasks_needed", path=path) == 0
-        assert sample(text, "ragflow_sidecar_rollout_step_tasks", path=path) == 0
+        assert sample(text, "ragflow_sidecar_rollout_documents_needed", path=path) == 0
+        assert sample(text, "ragflow_sidecar_rollout_step_documents", path=path) == 0
 
     # What an autopilot records: a start, a promotion to 5 %, then a hold 100 s into that step
     # with 150 Kafka and 900 Redis tasks finished in it.
@@ -79,7 +79,7 @@ async def test_the_poller_exports_the_autopilots_record(
     started_ms = now_ms - DWELL_S * 1000
     state, decision = decide(plan, RolloutState(), None, started_ms)
     await store.record(state, decision)
-    promote = GateView("promote", kafka_tasks=300, redis_tasks=900)
+    promote = GateView("promote", kafka_documents=300, redis_documents=900)
     state, decision = decide(plan, state, promote, now_ms)
     await store.record(state, decision)
     assert (decision.action, state.share) == ("promote", 5.0)
@@ -106,11 +106,11 @@ async def test_the_poller_exports_the_autopilots_record(
     assert sample(text, decisions, action="rollback") == 0
     last = sample(text, "ragflow_sidecar_rollout_last_decision_timestamp_seconds")
     assert last == held.at_ms / 1000
-    assert sample(text, "ragflow_sidecar_rollout_step_tasks", path="kafka") == 150
-    assert sample(text, "ragflow_sidecar_rollout_step_tasks", path="redis") == 900
+    assert sample(text, "ragflow_sidecar_rollout_step_documents", path="kafka") == 150
+    assert sample(text, "ragflow_sidecar_rollout_step_documents", path="redis") == 900
     # The machine's own rule: 50 more Kafka tasks, Redis has enough; about 500 s of dwell.
-    assert sample(text, "ragflow_sidecar_rollout_tasks_needed", path="kafka") == 50
-    assert sample(text, "ragflow_sidecar_rollout_tasks_needed", path="redis") == 0
+    assert sample(text, "ragflow_sidecar_rollout_documents_needed", path="kafka") == 50
+    assert sample(text, "ragflow_sidecar_rollout_documents_needed", path="redis") == 0
     assert 490 < sample(text, "ragflow_sidecar_rollout_dwell_left_seconds") <= 500
 
     text = rolled_back
@@ -119,7 +119,7 @@ async def test_the_poller_exports_the_autopilots_record(
     assert sample(text, "ragflow_sidecar_rollout_phase", phase="ramping") == 0
     assert sample(text, decisions, action="rollback") == 1
     assert sample(text, "ragflow_sidecar_rollout_dwell_left_seconds") == 0
-    assert sample(text, "ragflow_sidecar_rollout_tasks_needed", path="kafka") == 0
+    assert sample(text, "ragflow_sidecar_rollout_documents_needed", path="kafka") == 0
     assert not poller.started
     await valkey_client.delete(*await valkey_client.keys(f"{unique}:*"))
 

@@ -17,7 +17,7 @@ from sidecar.transport.topics import init_topics
 from tests.ragflow_support import read_produced, wait_until
 from tests.serve_support import ServeWorld, by_path, make_world
 
-GATE = {"GATE_MIN_SAMPLE": "100"}
+GATE = {"GATE_MIN_DOCUMENTS": "20", "GATE_MIN_VERDICTS": "100"}
 
 
 async def _queue(world: ServeWorld, name: str, docs: int, tasks_per_doc: int) -> set[str]:

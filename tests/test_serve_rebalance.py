@@ -185,9 +185,9 @@ async def test_a_record_claimed_while_its_task_is_marked_done_is_not_run_again(
         await claimed_again.wait()  # the done marker lands after the second record's claim
         await finish(self, task_ids)
 
-    async def racing_claim(self: Any, task_ids: Any) -> Any:
+    async def racing_claim(self: Any, task_ids: Any, **options: Any) -> Any:
         nonlocal claims_of_task
-        outcomes = await claim(self, task_ids)
+        outcomes = await claim(self, task_ids, **options)
         if task["id"] in task_ids:
             claims_of_task += 1
             if claims_of_task == 2:
@@ -209,7 +209,7 @@ async def test_a_record_claimed_while_its_task_is_marked_done_is_not_run_again(
         await wait_until(lambda: claims_of_task >= 3 or member._hand.filled() > 0, 30,
                          interval_s=0.01, what="the second record dealt with")  # fmt: skip
         assert member.take(world.streams[1]) is None, "the task was handed out twice"
-        await wait_until(lambda: not member._parked, 10, what="the second record skipped")
+        await wait_until(lambda: not member.parked(), 10, what="the second record skipped")
         assert await store.exists(keys.done(task["id"])) == 1
     finally:
         await member.stop()

@@ -129,7 +129,8 @@ def test_the_served_paths_defaults() -> None:
     assert (serve.enqueue_timeout_ms, serve.breaker_open_s) == (2000, 30.0)
     assert serve.produce_timeout_ms == 10000  # now only the producer's request timeout
     assert serve.max_poll_interval_ms == 3_600_000
-    assert (serve.lease_s, serve.done_ttl_s, serve.sticky_s) == (30.0, 43_200, 10.0)
+    assert (serve.lease_s, serve.done_ttl_s, serve.sticky_s) == (300.0, 43_200, 10.0)
+    assert serve.claim_refresh_s == 10.0
     assert not {"SERVE_MAX_ATTEMPTS", "SERVE_REVOKE_WAIT_S"} & set(KNOWN_VARIABLES)
 
 
@@ -139,6 +140,8 @@ def test_the_served_paths_defaults() -> None:
         ("SERVE_CAP_REFRESH_S", "renamed SERVE_SHARE_REFRESH_S"),
         ("SERVE_MAX_ATTEMPTS", "retry_count"),
         ("SERVE_REVOKE_WAIT_S", "claims"),
+        ("ROLLOUT_MIN_TASKS", "renamed ROLLOUT_MIN_DOCUMENTS"),
+        ("GATE_MIN_SAMPLE", "GATE_MIN_DOCUMENTS .finished documents a path. and GATE_MIN_VERDICTS"),
     ],
 )
 def test_a_retired_variable_stops_the_start_naming_it(variable: str, said: str) -> None:

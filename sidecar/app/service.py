@@ -27,9 +27,14 @@ from valkey.asyncio import Valkey
 from valkey.exceptions import ValkeyError
 
 from sidecar.app.metrics_catalog import register_metrics
-from sidecar.app.state_store import StateMemoryPoller, register_state_memory_metrics
+from sidecar.app.state_store import (
+    StateMemoryPoller,
+    register_state_memory_metrics,
+    shares_ragflows_valkey,
+)
 from sidecar.app.wiring import Assembly, CompareClients, MirrorClients, observer_client
 from sidecar.config import Settings
+from sidecar.doctor.poller import DoctorPoller, register_doctor_metrics
 from sidecar.errors import SidecarError
 from sidecar.lifecycle import Lifecycle
 from sidecar.mirror.mirror import RecordTransform
@@ -128,6 +133,13 @@ class Sidecar(Lifecycle):
         self.state_memory = StateMemoryPoller(
             self.state_client, settings.state.display_url, interval_s=settings.metrics.state_poll_s
         )
+        # Reads what RAGFlow's deployment can lose and the orphaned entries (`doctor`), for
+        # /metrics only.
+        self.doctor = DoctorPoller(
+            settings,
+            self.ragflow_client,
+            None if shares_ragflows_valkey(settings) else self.state_client,
+        )
         # The clients first, then the parts that use them: stopped in the reverse order.
         self._parts = Assembly(
             (
@@ -141,6 +153,7 @@ class Sidecar(Lifecycle):
                 self.served,
                 self.rollout,
                 self.state_memory,
+                self.doctor,
             )
         )
         loops = {"mirror": self.mirror, "shadow": self.shadow, "observer": self.observer}
@@ -166,6 +179,7 @@ class Sidecar(Lifecycle):
         register_served_metrics(self.metrics, self.served, settings)
         register_rollout_metrics(self.metrics, self.rollout, settings)
         register_state_memory_metrics(self.metrics, self.state_memory)
+        register_doctor_metrics(self.metrics, self.doctor)
 
     async def _start(self) -> None:
         if self.http is not None and self._own_http:

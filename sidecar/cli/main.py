@@ -20,6 +20,7 @@ from sidecar.app.supervisor import run_until_signal
 from sidecar.app.wiring import StandaloneMirror
 from sidecar.cli import rollout as rollout_cli
 from sidecar.cli.diffs import render_diffs
+from sidecar.cli.doctor import DEFAULT_OLDER_THAN, doctor, parse_older_than
 from sidecar.cli.reconcile import reconcile, render_json, render_report
 from sidecar.cli.roundtrip import round_trip
 from sidecar.cli.status import collect_status, render_status
@@ -82,6 +83,21 @@ def _parser() -> argparse.ArgumentParser:
     diffs.add_argument("--task-type", action="append", help="only this task type (repeatable)")
     diffs.add_argument("--color", choices=("auto", "always", "never"), default="auto")
     commands.add_parser("status", help="lag, traffic share, verdict and DLQ counts, as a table")
+    doctor = commands.add_parser(
+        "doctor",
+        help="what RAGFlow's Valkey and the state store can lose, executors and orphaned "
+        "entries; exit 0 fine, 1 risk, 2 cannot tell",
+    )
+    doctor.add_argument(
+        "--older-than",
+        default=DEFAULT_OLDER_THAN,
+        help=f"a consumer silent this long holds orphans (90s, 30m, 6h; {DEFAULT_OLDER_THAN})",
+    )
+    doctor.add_argument(
+        "--requeue-orphans",
+        action="store_true",
+        help="put each orphaned pending entry back on its stream (once, atomically) first",
+    )
     reconcile = commands.add_parser(
         "reconcile", help="account for every stream entry of a window in Kafka; exit 1 if missing"
     )
@@ -350,8 +366,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = Settings.from_env(config_file=args.config)
         # aiokafka reports a refused password as a broker that is down, which would be retried.
         # `shift` and the rollout's controls need only the state store: a roll-back must not
-        # wait for Kafka (the autopilot's gate reads Kafka on its own turns).
-        if args.command not in ("shift", "rollout"):
+        # wait for Kafka (the autopilot's gate reads Kafka on its own turns); `doctor` reads
+        # Valkey alone.
+        if args.command not in ("shift", "rollout", "doctor"):
             asyncio.run(check_login(settings.kafka))
         if args.command == "mirror":
             if args.compare:
@@ -373,6 +390,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(rollout_cli.run(settings, args))
         if args.command == "drain-to-redis":
             return asyncio.run(_drain(settings, args))
+        if args.command == "doctor":
+            older_than_ms = parse_older_than(args.older_than)
+            return asyncio.run(doctor(settings, older_than_ms, args.requeue_orphans))
         if args.command == "status":
             return asyncio.run(_status(settings))
         if args.command == "check":

@@ -22,11 +22,11 @@ DEFAULT_STEPS: tuple[float, ...] = (1.0, 5.0, 25.0, 50.0, 100.0)
 @dataclass(frozen=True)
 class RolloutSettings:
     """A plan of served shares, each held at least ``dwell_s`` and until each path has
-    finished ``min_tasks`` in it, the gate asked every ``interval_s``."""
+    finished ``min_documents`` documents in it, the gate asked every ``interval_s``."""
 
     steps: tuple[float, ...] = DEFAULT_STEPS
     dwell_s: float = 600.0
-    min_tasks: int = 200
+    min_documents: int = 50
     interval_s: float = 60.0
     on_rollback: OnRollback = "zero"  # or back to the last step promoted from
     lease_s: float = 30.0  # one autopilot acts; another takes over this long after it died
@@ -56,7 +56,7 @@ ROLLOUT = Table(
     RolloutSettings,
     Var("ROLLOUT_STEPS", "steps", _steps),
     Var("ROLLOUT_DWELL_S", "dwell_s", number(0.0, 30 * 86400.0)),
-    Var("ROLLOUT_MIN_TASKS", "min_tasks", integer(1)),
+    Var("ROLLOUT_MIN_DOCUMENTS", "min_documents", integer(1)),
     Var("ROLLOUT_INTERVAL_S", "interval_s", number(0.1, 3600.0)),
     Var("ROLLOUT_ON_ROLLBACK", "on_rollback", choice(ON_ROLLBACK)),
     Var("ROLLOUT_LEASE_S", "lease_s", number(1.0, 3600.0)),

@@ -8,7 +8,7 @@ patience.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sidecar.config.env import Reader, Table, Var, integer, number, text
@@ -41,9 +41,15 @@ class ServeSettings:
     # Kafka's max.poll.interval.ms; the member polls while its slots are busy, so only a
     # process whose loop is stuck this long leaves the group.
     max_poll_interval_ms: int = 3_600_000
-    # A dead executor's claimed tasks go to another after this (its restart under the same
-    # consumer name takes them back at once, as Redis replays its own pending entries).
-    lease_s: float = 30.0
+    # A silent executor's claimed tasks go to another after this (its restart under the same
+    # consumer name takes them back at once, as Redis replays its own pending entries). Also
+    # the bound on a frozen process (SIGSTOP, docker pause, a VM stall, the GIL held): up to
+    # it, its tasks are not run a second time, as Redis never hands a live consumer's pending
+    # entry to another; past it they may be (docs/operations.md).
+    lease_s: float = 300.0
+    # How often a process refreshes its liveness and asserts its claims in hand again (a
+    # store that restarted or evicted one has it back within this).
+    claim_refresh_s: float = 10.0
     # How long a finished task's id skips later records of it: RAGFlow's longest task (3 h,
     # do_handle_task's timeout; a record behind it in its partition stays uncommitted that
     # long) and a night's executors' outage on top (docs/operations.md, "Sizing").
@@ -57,7 +63,10 @@ class ServeSettings:
 class GateSettings:
     """What ``ragflow-sidecar gate`` requires of the served share (canary analysis)."""
 
-    min_sample: int = 200  # tasks per path, and judged verdicts, below which it holds
+    # Finished documents a path (and in the baseline) below which it holds: the tests count
+    # documents, so their minimum does too (GATE_MIN_SAMPLE counted tasks until issue 30).
+    min_documents: int = 50
+    min_verdicts: int = 200  # judged verdicts (one a task) below which it holds
     min_match_percent: float = 99.9  # judged tasks matching; below: roll back
     max_missing: int = 0  # missing_in_kafka + missing_in_redis verdicts; above: roll back
     # The chance that the sequential tests roll back a healthy shift, for a whole rollout
@@ -68,6 +77,19 @@ class GateSettings:
     # Latencies under this compare as equal: a 5 ms task is not 2.5x slower than a 2 ms one in
     # any way that matters, and a path's own overhead of milliseconds is no regression.
     latency_floor_ms: float = 1000.0
+    # Non-inferiority (sidecar/serve/margins.py): a step is promoted only once the evidence
+    # shows Kafka no worse than this, as a cost to all documents at the next step's share.
+    failed_margin_points: float = 2.0  # failed documents, points
+    processing_margin_ratio: float = 1.2  # typical processing time, Kafka over Redis
+    queue_wait_margin_ratio: float = 1.5  # typical queue wait, Kafka over Redis
+
+    @property
+    def margins(self) -> dict[str, float]:
+        return {
+            "failed": self.failed_margin_points,
+            "processing": self.processing_margin_ratio,
+            "queue_wait": self.queue_wait_margin_ratio,
+        }
 
 
 def _alpha(reader: Reader, name: str, default: float, _: Mapping[str, Any]) -> float:
@@ -97,6 +119,7 @@ SERVE = Table(
     Var("SERVE_SESSION_TIMEOUT_MS", "session_timeout_ms", integer(6000, 300000)),
     Var("SERVE_MAX_POLL_INTERVAL_MS", "max_poll_interval_ms", integer(1000, 86_400_000)),
     Var("SERVE_LEASE_S", "lease_s", number(1.0, 3600.0)),
+    Var("SERVE_CLAIM_REFRESH_S", "claim_refresh_s", number(0.1, 600.0)),
     Var("SERVE_DONE_TTL_S", "done_ttl_s", integer(600, 30 * 86400)),
     Var("SERVE_STICKY_S", "sticky_s", number(0.0, 86400.0)),
     Var("SERVE_EVIDENCE_FLUSH_S", "evidence_flush_s", number(0.05, 3600.0)),
@@ -104,11 +127,15 @@ SERVE = Table(
 )
 GATE = Table(
     GateSettings,
-    Var("GATE_MIN_SAMPLE", "min_sample", integer(1)),
+    Var("GATE_MIN_DOCUMENTS", "min_documents", integer(1)),
+    Var("GATE_MIN_VERDICTS", "min_verdicts", integer(1)),
     Var("GATE_MIN_MATCH_PERCENT", "min_match_percent", number(0.0, 100.0)),
     Var("GATE_MAX_MISSING", "max_missing", integer(0)),
     Var("GATE_ALPHA", "alpha", _alpha),
     Var("GATE_LATENCY_FLOOR_MS", "latency_floor_ms", number(0.0, 3_600_000.0)),
+    Var("GATE_FAILED_MARGIN_POINTS", "failed_margin_points", number(0.01, 100.0)),
+    Var("GATE_PROCESSING_MARGIN_RATIO", "processing_margin_ratio", number(1.01, 100.0)),
+    Var("GATE_QUEUE_WAIT_MARGIN_RATIO", "queue_wait_margin_ratio", number(1.01, 100.0)),
 )
 SERVE_VARIABLES: tuple[str, ...] = SERVE.names
 GATE_VARIABLES: tuple[str, ...] = GATE.names
@@ -140,7 +167,16 @@ def build_serve(
                 "KAFKA_SERVE_PERCENT", f"{percent:g} needs MQ_BACKEND=split (it is {backend})"
             )
     prefetch = env.integer("SERVE_PREFETCH", concurrency, minimum=1, maximum=concurrency)
-    return SERVE.build(reader, percent=percent, prefetch=prefetch)
+    serve = SERVE.build(reader, percent=percent, prefetch=prefetch)
+    if env.text("SERVE_CLAIM_REFRESH_S", None) is None:
+        serve = replace(serve, claim_refresh_s=min(serve.claim_refresh_s, serve.lease_s / 3))
+    elif serve.claim_refresh_s * 3 > serve.lease_s:
+        raise env.error(
+            "SERVE_CLAIM_REFRESH_S",
+            f"{serve.claim_refresh_s:g} is more than a third of SERVE_LEASE_S={serve.lease_s:g}: "
+            "a live executor would lose its claims between two refreshes",
+        )
+    return serve
 
 
 def build_gate(reader: Reader) -> GateSettings:

@@ -345,6 +345,9 @@ RETIRED_VARIABLES: dict[str, str] = {
     "SERVE_CAP_REFRESH_S": "renamed SERVE_SHARE_REFRESH_S",
     "SERVE_MAX_ATTEMPTS": "RAGFlow's own retry_count abandons a task; remove it",
     "SERVE_REVOKE_WAIT_S": "claims keep a rebalance from running a task twice; remove it",
+    "ROLLOUT_MIN_TASKS": "renamed ROLLOUT_MIN_DOCUMENTS (the gate counts documents, not tasks)",
+    "GATE_MIN_SAMPLE": "split into GATE_MIN_DOCUMENTS (finished documents a path) and "
+    "GATE_MIN_VERDICTS (judged verdicts)",
 }
 
 KNOWN_VARIABLES: tuple[str, ...] = tuple(

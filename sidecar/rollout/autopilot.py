@@ -54,11 +54,16 @@ async def look(
     settings: Settings, state: RolloutState, now_ms: int, source: GateSource | None = None
 ) -> GateView:
     """The gate over the whole rollout (its tests stay valid however often they are asked),
-    at 100 % also against the baseline, and the tasks each path finished in the current step;
+    at 100 % also against the baseline, and the documents each path finished in the current step;
     ``source``: where the evidence is read (the autopilot's follows the rollout)."""
     source = source if source is not None else OneLook(settings)
     since_ms = state.started_ms or state.step_since_ms
-    report = await collect(settings, since_ms, now_ms, watch_baseline(state), source)
+    steps = settings.rollout.steps
+    # The margins are the harm the next step may do: the last step's is its own, 100 %.
+    next_share = (steps[state.step + 1] if state.step + 1 < len(steps) else 100.0) / 100
+    report = await collect(
+        settings, since_ms, now_ms, watch_baseline(state), source, next_share=next_share
+    )
     minutes, _ = await source.served(state.step_since_ms / 1000, now_ms / 1000)
     step = Evidence.from_minutes(minutes)
     needed = "; ".join(
@@ -69,10 +74,15 @@ async def look(
     return GateView(
         decision=DECISIONS[report.decision],  # type: ignore[arg-type]
         reasons=tuple(report.reasons),
-        kafka_tasks=step["kafka"]["finished"],
-        redis_tasks=step["redis"]["finished"],
+        kafka_documents=step["kafka"]["document_finished"],
+        redis_documents=step["redis"]["document_finished"],
         needed=needed,
     )
+
+
+def _rollout_of(state: RolloutState) -> int:
+    """Which rollout a state belongs to: its start (a record of an older build may lack it)."""
+    return state.started_ms or state.step_since_ms
 
 
 class Autopilot:
@@ -104,7 +114,7 @@ class Autopilot:
         self._next_look_ms = 0
 
     async def _look(self, settings: Settings, state: RolloutState, now_ms: int) -> GateView:
-        self._source.forget_before((state.started_ms or state.step_since_ms) / 1000)
+        await self._source.follow(_rollout_of(state))
         return await look(settings, state, now_ms, self._source)
 
     def _now_ms(self) -> int:
@@ -112,11 +122,11 @@ class Autopilot:
 
     async def start(self) -> None:
         logger.info(
-            "rollout autopilot %s: plan %s %%, dwell %g s, %d tasks a path, every %g s",
+            "rollout autopilot %s: plan %s %%, dwell %g s, %d documents a path, every %g s",
             self.owner,
             ", ".join(f"{s:g}" for s in self._plan.steps),
             self._plan.dwell_s,
-            self._plan.min_tasks,
+            self._plan.min_documents,
             self._plan.interval_s,
         )
 
@@ -153,19 +163,25 @@ class Autopilot:
                 await self._set_share(state.share, "resumed by the rollout autopilot")
         decision = None
         for order in await self.store.take_orders():
+            before = state
             state, decision = command(self._plan, state, order, now_ms, by="an operator")
-            await self._apply(state, decision)
+            await self._apply(state, decision, before)
         if now_ms >= self._next_look_ms:
             self._next_look_ms = now_ms + int(self._plan.interval_s * 1000)
             view = None
             if state.phase in ("ramping", "watching") and state.step >= 0:
                 view = await self._gate(self._settings, state, now_ms)
+            before = state
             state, decision = decide(self._plan, state, view, now_ms)
-            await self._apply(state, decision)
+            await self._apply(state, decision, before)
         return decision
 
-    async def _apply(self, state: RolloutState, decision: Decision) -> None:
+    async def _apply(self, state: RolloutState, decision: Decision, before: RolloutState) -> None:
         await self.store.record(state, decision)
+        if state.step >= 0 and _rollout_of(state) != _rollout_of(before):
+            # A new rollout (the plan's start, or a resume after a roll-back or an abort):
+            # its evidence starts now, before its share is set, not at a minute boundary.
+            await self._source.begin(_rollout_of(state), previous_ms=_rollout_of(before))
         level = logging.INFO if decision.action != "rollback" else logging.WARNING
         logger.log(level, "rollout %s: %s", decision.action, decision.reason)
         if decision.share_to != decision.share_from:

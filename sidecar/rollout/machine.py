@@ -34,9 +34,9 @@ class GateView:
 
     decision: GateDecision
     reasons: tuple[str, ...] = ()
-    # Tasks finished on each path since the step began (the step's own evidence).
-    kafka_tasks: int = 0
-    redis_tasks: int = 0
+    # Documents finished on each path since the step began (the step's own evidence).
+    kafka_documents: int = 0
+    redis_documents: int = 0
     needed: str = ""  # the gate's estimate of the evidence still needed, when it holds
 
 
@@ -101,23 +101,27 @@ class Decision:
 
 @dataclass(frozen=True)
 class EvidenceNeeded:
-    """What a step still lacks before the gate's word can promote it: dwell and tasks."""
+    """What a step still lacks before the gate's word can promote it: dwell and documents."""
 
     dwell_s: float  # 0 once the step's dwell is over
-    tasks: dict[str, int]  # path -> finished tasks still needed in this step (0: enough)
+    documents: dict[str, int]  # path -> finished documents still needed in this step
 
 
 def evidence_needed(
-    plan: RolloutSettings, state: RolloutState, kafka_tasks: int, redis_tasks: int, now_ms: int
+    plan: RolloutSettings,
+    state: RolloutState,
+    kafka_documents: int,
+    redis_documents: int,
+    now_ms: int,
 ) -> EvidenceNeeded:
-    """The dwell left and the tasks each path still needs in the current step. At 100 % no
-    Redis task is needed: nothing is left on Redis to finish any. One rule for the autopilot
+    """The dwell left and the documents each path still needs in the current step. At 100 %
+    no Redis document is needed: nothing is left on Redis to finish any. One rule for the autopilot
     and for ``/metrics``, so the dashboard shows what the autopilot waits for."""
     left_s = plan.dwell_s - (now_ms - state.step_since_ms) / 1000
-    redis_needed = 0 if state.share >= 100.0 else max(plan.min_tasks - redis_tasks, 0)
+    redis_needed = 0 if state.share >= 100.0 else max(plan.min_documents - redis_documents, 0)
     return EvidenceNeeded(
         dwell_s=max(left_s, 0.0),
-        tasks={"kafka": max(plan.min_tasks - kafka_tasks, 0), "redis": redis_needed},
+        documents={"kafka": max(plan.min_documents - kafka_documents, 0), "redis": redis_needed},
     )
 
 
@@ -135,8 +139,8 @@ def decide(
     if gate is None:
         return _hold(state, now_ms, "the gate was not read")
     evidence = {
-        "kafka_tasks": gate.kafka_tasks,
-        "redis_tasks": gate.redis_tasks,
+        "kafka_documents": gate.kafka_documents,
+        "redis_documents": gate.redis_documents,
         "gate": gate.decision,
     }
     if gate.decision == "rollback":
@@ -149,13 +153,13 @@ def decide(
     if state.phase == "watching":
         why = "; ".join(gate.reasons) if gate.reasons else "the gate finds no regression"
         return _hold(state, now_ms, f"watching at {state.share:g} %: {why}", evidence)
-    needed = evidence_needed(plan, state, gate.kafka_tasks, gate.redis_tasks, now_ms)
+    needed = evidence_needed(plan, state, gate.kafka_documents, gate.redis_documents, now_ms)
     if needed.dwell_s > 0:
         reason = f"dwell: {needed.dwell_s:.0f} s left at {state.share:g} %"
         return _hold(state, now_ms, reason, evidence)
-    short = [f"{path} {n} more" for path, n in needed.tasks.items() if n > 0]
+    short = [f"{path} {n} more" for path, n in needed.documents.items() if n > 0]
     if short:
-        reason = f"evidence at {state.share:g} %: tasks needed, " + ", ".join(short)
+        reason = f"evidence at {state.share:g} %: documents needed, " + ", ".join(short)
         return _hold(state, now_ms, reason, evidence)
     if gate.decision == "hold":
         reasons = "; ".join(gate.reasons) or "no reason given"

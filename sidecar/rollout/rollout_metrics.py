@@ -88,22 +88,22 @@ def register_rollout_metrics(
         last = poller.values.last
         return [({}, last.at_ms / 1000 if last is not None else 0.0)]
 
-    def step_tasks() -> dict[str, int]:
-        # The step's own tasks as the newest decision's gate look counted them; a decision
+    def step_documents() -> dict[str, int]:
+        # The step's own documents as the newest decision's gate look counted them; a decision
         # without a look (a start, a promotion to the next step, an order) has none: 0.
         last = poller.values.last
         evidence = last.evidence if last is not None else {}
-        return {path: int(evidence.get(f"{path}_tasks", 0)) for path in PATHS}
+        return {path: int(evidence.get(f"{path}_documents", 0)) for path in PATHS}
 
     def needed() -> tuple[float, dict[str, int]]:
         state = poller.values.state
         if state is None or state.phase != "ramping":
             # Nothing to wait for: not started, watching the last step, or standing still.
             return 0.0, dict.fromkeys(PATHS, 0)
-        tasks = step_tasks()
+        documents = step_documents()
         now_ms = int(time.time() * 1000)
-        lacking = evidence_needed(plan, state, tasks["kafka"], tasks["redis"], now_ms)
-        return lacking.dwell_s, lacking.tasks
+        lacking = evidence_needed(plan, state, documents["kafka"], documents["redis"], now_ms)
+        return lacking.dwell_s, lacking.documents
 
     def per_path(values: dict[str, int]) -> Iterable[Sample]:
         return [({"path": path}, float(values.get(path, 0))) for path in PATHS]
@@ -134,9 +134,9 @@ def register_rollout_metrics(
         last_decision,
     )
     metrics.observe_gauge(
-        "rollout_step_tasks",
-        "tasks each path finished in the current step, as the newest decision counted them",
-        lambda: per_path(step_tasks()),
+        "rollout_step_documents",
+        "documents each path finished in the current step, as the newest decision counted them",
+        lambda: per_path(step_documents()),
     )
     metrics.observe_gauge(
         "rollout_dwell_left_seconds",
@@ -145,8 +145,9 @@ def register_rollout_metrics(
         lambda: [({}, needed()[0])],
     )
     metrics.observe_gauge(
-        "rollout_tasks_needed",
-        "finished tasks (ROLLOUT_MIN_TASKS) each path still needs in the current step before "
+        "rollout_documents_needed",
+        "finished documents (ROLLOUT_MIN_DOCUMENTS) each path still needs in the current step "
+        "before "
         "a promotion (0: enough, or not ramping)",
         lambda: per_path(needed()[1]),
     )

@@ -172,6 +172,8 @@ async def collect(
     until_ms: int,
     baseline: tuple[int, int] | None = None,
     source: GateSource | None = None,
+    *,
+    next_share: float = 1.0,
 ) -> GateReport:
     """Read both kinds of evidence over ``[since_ms, until_ms]`` (from ``source``, by default
     afresh) and judge them; with ``baseline`` (its since and until, ms), also the Kafka minutes
@@ -209,6 +211,7 @@ async def collect(
             served_active=served_active,
             baseline=before,
             watched=before.after(minutes, since_ms) if before else (),
+            next_share=next_share,
         ),
         baseline=before,
     )

@@ -4,10 +4,10 @@ evidence).
 
 Judged verdicts are checked against fixed levels: a mismatch is a wrong result, not noise.
 Served evidence goes through the sequential tests of ``gate_stats`` (Kafka's path worse than
-Redis's), once each path has finished ``GATE_MIN_SAMPLE`` tasks; with a baseline (the watch at
-100 %, ``sidecar/serve/baseline.py``) also through the same five questions of the Kafka minutes
-after it against the baseline, ``GATE_ALPHA`` then split in halves between the two kinds. Kept
-free of I/O so that every rule can be read, and tried, on its own.
+Redis's), once each path has finished ``GATE_MIN_DOCUMENTS`` documents; with a baseline (the
+watch at 100 %, ``sidecar/serve/baseline.py``) also through the same five questions of the
+Kafka minutes after it against the baseline, ``GATE_ALPHA`` then split in halves between the
+two kinds. Kept free of I/O so that every rule can be read, and tried, on its own.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from ragflow_mq.evidence import Evidence
 from sidecar.config.serve import GateSettings
 from sidecar.serve.baseline import Baseline, run_baseline_tests
 from sidecar.serve.gate_stats import TESTS, SequentialResult, run_tests
+from sidecar.serve.margins import MarginResult, run_margins
 
 PROMOTE: Final = 0
 HOLD: Final = 1
@@ -68,7 +69,7 @@ class Check:
     verdict: CheckVerdict
     reason: str = ""  # why it holds or rolls back; empty when ok
     effect: str = ""  # a sequential test's effect estimate
-    # More tasks per path that would decide a hold (an estimate; see gate_stats).
+    # More documents per path that would decide a hold (an estimate; see gate_stats).
     needed: dict[str, int] | None = None
     test: SequentialResult | None = None  # the sequential test behind the row, if any
 
@@ -104,13 +105,17 @@ def analyse(
     served_active: bool,
     baseline: Baseline | None = None,
     watched: Sequence[Evidence] = (),
+    next_share: float = 1.0,
 ) -> list[Check]:
     """The checks, each ``ok``, ``hold``, ``rollback`` or ``n/a``; the worst one decides.
     ``minutes`` are the window's minute buckets in time order, ``served`` their sum; with a
-    ``baseline``, ``watched`` are the minutes after it, whose Kafka path is tested against it."""
+    ``baseline``, ``watched`` are the minutes after it, whose Kafka path is tested against it;
+    ``next_share`` (0-1]: the share a promotion would serve, which sets the margins
+    (``margins.margin_at``)."""
     return [
         *_judged_checks(gate, judged),
         *_served_checks(gate, served, minutes, served_active, baseline),
+        *(_margin_checks(gate, minutes, next_share) if served_active else []),
         *(_baseline_checks(gate, baseline, watched, served_active) if baseline else []),
     ]
 
@@ -124,7 +129,7 @@ def split_alpha(alpha: float, baseline: bool) -> float:
 
 
 def _judged_checks(gate: GateSettings, judged: Judged) -> list[Check]:
-    n, least = judged.judged, gate.min_sample
+    n, least = judged.judged, gate.min_verdicts
     enough = n >= least
     checks = [
         Check(
@@ -133,7 +138,7 @@ def _judged_checks(gate: GateSettings, judged: Judged) -> list[Check]:
             str(n),
             f"≥ {least}",
             "ok" if enough else "hold",
-            "" if enough else f"only {n} judged verdicts (GATE_MIN_SAMPLE={least})",
+            "" if enough else f"only {n} judged verdicts (GATE_MIN_VERDICTS={least})",
         )
     ]
     if not judged.complete:
@@ -213,17 +218,17 @@ def _served_checks(
     active: bool,
     baseline: Baseline | None = None,
 ) -> list[Check]:
-    least = gate.min_sample
+    least = gate.min_documents
     if not active:
         idle = "n/a: nothing served from Kafka (KAFKA_SERVE_PERCENT=0, no Kafka tasks seen)"
-        counts = [(path, served[path]["finished"]) for path in PATHS]
+        counts = [(path, served[path]["document_finished"]) for path in PATHS]
         return [
             *(Check(f"finished ({p})", n, str(n), f"≥ {least}", "n/a", idle) for p, n in counts),
             *(Check(TEST_NAMES[t][0], None, "-", "n/a", "n/a", idle) for t in TESTS),
         ]
     checks = []
     for path in PATHS:
-        n = served[path]["finished"]
+        n = served[path]["document_finished"]
         if n >= least:
             checks.append(Check(f"finished ({path})", n, str(n), f"≥ {least}", "ok"))
         elif path == "redis" and baseline is not None:
@@ -231,7 +236,7 @@ def _served_checks(
             checks.append(Check(f"finished ({path})", n, str(n), "baseline instead", "n/a"))
         else:
             short = (
-                f"only {n} {path}-path tasks finished (GATE_MIN_SAMPLE={least}): "
+                f"only {n} {path}-path documents finished (GATE_MIN_DOCUMENTS={least}): "
                 f"{least - n} more needed"
             )
             needed: dict[str, int] = {path: least - n}
@@ -247,13 +252,13 @@ def _baseline_checks(
     gate: GateSettings, baseline: Baseline, watched: Sequence[Evidence], active: bool
 ) -> list[Check]:
     """The baseline's size, then the five tests of the watched Kafka minutes against it."""
-    least, n = gate.min_sample, baseline.redis["finished"]
+    least, n = gate.min_documents, baseline.redis["document_finished"]
     label = f"finished (redis baseline, {len(watched)} min watched)"
     if not active:
         return []
     if n < least:
         # A baseline this small would move its margin so far the tests could not see much.
-        short = f"only {n} redis tasks finished in the baseline (GATE_MIN_SAMPLE={least})"
+        short = f"only {n} redis documents finished in the baseline (GATE_MIN_DOCUMENTS={least})"
         return [Check(label, n, str(n), f"≥ {least}", "hold", short)]
     alpha = split_alpha(gate.alpha, True)
     tests = run_baseline_tests(baseline.redis, watched, alpha, gate.latency_floor_ms)
@@ -271,7 +276,7 @@ def _test_check(test: SequentialResult) -> Check:
         needed = (
             "; about "
             + " and ".join(f"{n} {path}" for path, n in test.needed.items())
-            + " tasks more would decide"
+            + " documents more would decide"
             if test.needed
             else ""
         )
@@ -283,3 +288,40 @@ def _test_check(test: SequentialResult) -> Check:
         reason = ""
     return Check(name, test.e_value, shown, threshold, verdict, reason, test.effect,
                  test.needed, test)  # fmt: skip
+
+
+MARGIN_NAMES: Final = {
+    "failed": "margin: failed documents",
+    "processing": "margin: processing time",
+    "queue_wait": "margin: queue wait",
+}
+
+
+def _margin_checks(gate: GateSettings, minutes: Sequence[Evidence], share: float) -> list[Check]:
+    """Non-inferiority, one row a margin: ``ok`` once shown, ``hold`` until then."""
+    each = gate.alpha / len(TESTS)
+    results = run_margins(minutes, gate.margins, share, each, gate.latency_floor_ms)
+    return [_margin_check(result, share) for result in results]
+
+
+def _margin_check(result: MarginResult, share: float) -> Check:
+    name = MARGIN_NAMES[result.name]
+    threshold = f"< {result.shown_as(result.margin)} (next share {100 * share:g} %)"
+    shown = f"≤ {result.shown_as(result.upper)}"
+    if result.shown:
+        return Check(name, result.upper, shown, threshold, "ok")
+    needed = {"kafka": result.needed} if result.needed else None
+    more = (
+        f"; about {result.needed} kafka documents more would show it"
+        if result.needed
+        else "; it cannot be shown while kafka's estimate is above the margin"
+        if result.estimate is not None
+        else ""
+    )
+    reason = (
+        f"kafka not shown within the margin ({name[8:]}): kafka - redis "
+        f"{result.shown_as(result.estimate)}, at most {result.shown_as(result.upper)} over "
+        f"{result.documents} kafka documents, margin {result.shown_as(result.margin)} at the "
+        f"next share ({100 * share:g} %){more}"
+    )
+    return Check(name, result.upper, shown, threshold, "hold", reason, "", needed)

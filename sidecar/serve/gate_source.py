@@ -4,6 +4,7 @@ autopilot), which reads only what is new each time."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any, Final, Protocol
@@ -20,6 +21,7 @@ from sidecar.verdicts.reader import VerdictFollower, VerdictReadStats, read_verd
 # evidence every few seconds (SERVE_EVIDENCE_FLUSH_S). A process that could not write for
 # longer writes into older minutes when it can; a follower does not see that part.
 SETTLED_MINUTES: Final = 3
+MINUTE_MS: Final = 60_000
 
 
 class GateSource(Protocol):
@@ -48,32 +50,95 @@ class OneLook:
 
 
 class Following:
-    """For the autopilot: settled minutes are kept, verdicts read from where the last read
-    stopped, on the state store client it is given (it is not closed here)."""
+    """For the autopilot: the evidence of one rollout, followed from its exact start.
+
+    Settled minutes are kept, and copied into the rollout's ledger in the state store
+    (``<prefix>:rollout:evidence:<started ms>``, no expiry): the anytime-valid tests need
+    every minute since the rollout began, and a minute's own key lapses after
+    ``EVIDENCE_TTL_S`` (two days), so a long watch, or an autopilot restarted after a crash,
+    reads its minutes from the ledger. The minute a rollout starts in is taken as it was at
+    the start (``begin``) and only what was added after counts: the minutes of an aborted or
+    rolled-back rollout before it are never judged again. Verdicts are read from where the
+    last read stopped, on the state store client it is given (it is not closed here).
+    """
 
     def __init__(self, settings: Settings, client: Any) -> None:
         self._settings = settings
         self._client = client
+        self._keys = Keys(settings.serve.key_prefix)
         self._minutes: dict[int, Evidence] = {}
         self._follower: VerdictFollower | None = None
         self._judged = Judged()
+        self._started_ms: int | None = None  # the rollout followed, if any
+        self._start: tuple[int, Counter[str]] | None = None  # its first minute at its start
+
+    def ledger(self, started_ms: int) -> str:
+        return f"{self._settings.serve.key_prefix}:rollout:evidence:{started_ms}"
+
+    async def begin(self, started_ms: int, previous_ms: int = 0) -> None:
+        """A rollout starts at ``started_ms``: what its first minute holds now is not its own
+        (kept once: a second call, after a crash, changes nothing); the ``previous_ms``
+        rollout's ledger is dropped."""
+        minute = started_ms // MINUTE_MS
+        where = self._settings.state.display_url
+        with translate_valkey_errors("take the rollout's first minute", where):
+            raw = await self._client.hgetall(self._keys.evidence(minute))
+            start = json.dumps({"minute": minute, "fields": _counts(raw)})
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.hsetnx(self.ledger(started_ms), "start", start)
+                if previous_ms and previous_ms != started_ms:
+                    pipe.delete(self.ledger(previous_ms))
+                await pipe.execute()
+        self._started_ms = None
+        await self.follow(started_ms)
+
+    async def follow(self, started_ms: int) -> None:
+        """Judge the rollout that started at ``started_ms``: its ledger is read (once)."""
+        if self._started_ms == started_ms:
+            return
+        where = self._settings.state.display_url
+        with translate_valkey_errors("read the rollout's ledger", where):
+            raw = await self._client.hgetall(self.ledger(started_ms))
+        entries = {_text(k): json.loads(v) for k, v in raw.items()}
+        if "start" not in entries:
+            # Its start was never taken (a build before this one, or a crash in between):
+            # taken now, later than the start, it can only leave out the rollout's own first
+            # seconds, never count another's.
+            await self.begin(started_ms)
+            return
+        self._started_ms = started_ms
+        start = entries.pop("start")
+        self._start = (int(start["minute"]), Counter(start["fields"]))
+        self._minutes = {int(minute): _evidence(fields) for minute, fields in entries.items()}
 
     async def served(self, since_s: float, until_s: float) -> tuple[list[Evidence], ShareValues]:
         first, last = int(since_s // 60), int(until_s // 60)
         settled = last - SETTLED_MINUTES
         wanted = [m for m in range(first, last + 1) if m not in self._minutes]
-        fresh, share = await _read_minutes(self._settings, self._client, wanted)
-        for minute, evidence in zip(wanted, fresh, strict=True):
-            if minute <= settled:
-                self._minutes[minute] = evidence
-        got = dict(zip(wanted, fresh, strict=True))
+        raw, share = await _read_raw(self._settings, self._client, wanted)
+        fresh = {m: self._own(m, fields) for m, fields in zip(wanted, raw, strict=True)}
+        keep = {m: fields for m, fields in fresh.items() if m <= settled}
+        if keep and self._started_ms is not None:
+            where = self._settings.state.display_url
+            with translate_valkey_errors("keep the rollout's minutes", where):
+                await self._client.hset(
+                    self.ledger(self._started_ms),
+                    mapping={str(m): json.dumps(fields) for m, fields in keep.items()},
+                )
+        self._minutes.update({m: _evidence(f) for m, f in keep.items()})
+        got = {m: _evidence(fields) for m, fields in fresh.items()}
         return [self._minutes.get(m) or got[m] for m in range(first, last + 1)], share
 
-    def forget_before(self, since_s: float) -> None:
-        """Drop the minutes before ``since_s`` (a new rollout starts later)."""
-        first = int(since_s // 60)
-        for minute in [m for m in self._minutes if m < first]:
-            del self._minutes[minute]
+    def _own(self, minute: int, fields: Counter[str]) -> Counter[str]:
+        """A minute's counts, less what its first minute held when the rollout started."""
+        if self._start is None:
+            return fields
+        start_minute, before = self._start
+        if minute < start_minute:
+            return Counter()
+        if minute == start_minute:
+            return Counter({k: n - before[k] for k, n in fields.items() if n > before[k]})
+        return fields
 
     async def judged(self, since_ms: int) -> Judged:
         if self._follower is None or self._follower.since_ms != since_ms:
@@ -103,6 +168,13 @@ async def read_served(
 async def _read_minutes(
     settings: Settings, client: Any, minutes: list[int]
 ) -> tuple[list[Evidence], ShareValues]:
+    raw, share = await _read_raw(settings, client, minutes)
+    return [_evidence(fields) for fields in raw], share
+
+
+async def _read_raw(
+    settings: Settings, client: Any, minutes: list[int]
+) -> tuple[list[Counter[str]], ShareValues]:
     keys = Keys(settings.serve.key_prefix)
     with translate_valkey_errors("read the served share's evidence", settings.state.display_url):
         pipe = client.pipeline(transaction=False)
@@ -111,8 +183,20 @@ async def _read_minutes(
         for key in share_keys(keys):
             pipe.get(key)
         replies: list[Any] = await pipe.execute()
-    evidence = [Evidence.from_hashes([reply]) for reply in replies[:-2]]
-    return evidence, ShareValues.parse(*replies[-2:])
+    return [_counts(reply) for reply in replies[:-2]], ShareValues.parse(*replies[-2:])
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _evidence(fields: Mapping[str, int]) -> Evidence:
+    return Evidence.from_hashes([{name: str(n) for name, n in fields.items()}])
+
+
+def _counts(raw: Mapping[Any, Any] | None) -> Counter[str]:
+    """A minute's hash as counts (every field of it adds up: counts, buckets, sums)."""
+    return Counter({_text(k): int(v) for k, v in (raw or {}).items()})
 
 
 async def read_judged(settings: Settings, since_ms: int) -> Judged:

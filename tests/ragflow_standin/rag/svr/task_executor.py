@@ -15,6 +15,9 @@ Differences, on purpose:
   RAGFlow's rule on a hash in Valkey, ``<STANDIN_RESULTS_KEY>:retry_count``: each delivery adds
   1, and a delivery that finds 3 already abandons the task (acked, progress -1 recorded in
   ``<STANDIN_RESULTS_KEY>:abandoned``).
+- ``<STANDIN_RESULTS_KEY>:db_down``, a count set by a test: while above 0, ``get_task`` takes
+  one off it and raises as RAGFlow's does when MySQL is away (2003, not retried), right after
+  ``queue_consumer``, outside any try: the message is never acked, only the slot is freed.
 - A task whose id is in the set ``<STANDIN_RESULTS_KEY>:poison`` kills its executor
   (``os._exit(17)``, as an out-of-memory kill would) after its execution is recorded.
 - ``do_handle_task`` records each execution (RPUSH to ``STANDIN_RESULTS_KEY``) and sleeps
@@ -194,6 +197,8 @@ def get_task(msg: Any) -> Task | None:
     times already (abandoned); every delivery adds 1 to its ``retry_count``."""
     if not isinstance(msg, dict) or not msg.get("id"):
         return None
+    if int(_results_client().decr(f"{RESULTS_KEY}:db_down")) >= 0:
+        raise ConnectionError("(2003, \"Can't connect to MySQL server on 'mysql' ([Errno 111])\")")
     task_id = str(msg["id"])
     retry_count = int(_results_client().hincrby(f"{RESULTS_KEY}:retry_count", task_id, 1)) - 1
     if retry_count >= 3:

@@ -1,0 +1,152 @@
+"""A Valkey server's eviction policy and persistence, and what each lets it lose.
+
+Read with ``INFO memory``, ``INFO stats``, ``INFO persistence`` and, where the ACL allows it,
+``CONFIG GET save`` and ``appendfsync``: without CONFIG the RDB save points cannot be told from
+a server that never snapshots, and the finding says so rather than guess.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+import valkey.asyncio as avalkey
+from valkey.exceptions import ResponseError
+
+from sidecar.doctor.findings import Finding
+from sidecar.errors import SidecarError
+from sidecar.text import as_text
+from sidecar.transport.valkey_client import translate_valkey_errors
+from sidecar.transport.valkey_memory import ValkeyMemory, human_bytes, read_memory
+
+Role = Literal["ragflow-valkey", "state-store"]
+
+# What each store holds, in the words of what a loss does.
+HOLDS: Final[dict[Role, str]] = {
+    "ragflow-valkey": "the task streams and their pending entries",
+    "state-store": "the sidecar's joins and ragflow_mq's claims and done markers",
+}
+LOSS: Final[dict[Role, str]] = {
+    "ragflow-valkey": "queued tasks vanish and never run",
+    "state-store": "served tasks run twice and verdicts turn missing_*",
+}
+
+
+@dataclass(frozen=True)
+class Persistence:
+    aof: bool
+    appendfsync: str | None  # None: CONFIG refused
+    save: str | None  # RDB save points ("" none); None: CONFIG refused
+    changes_since_save: int
+
+
+async def _config(client: avalkey.Valkey, name: str) -> str | None:
+    """A CONFIG value, or None where the ACL refuses CONFIG (docs/security.md grants none)."""
+    try:
+        reply: dict[Any, Any] = await client.config_get(name)
+    except ResponseError:  # NOPERM: the ACL grants no CONFIG
+        return None
+    value = reply.get(name, reply.get(name.encode()))
+    return None if value is None else as_text(value)
+
+
+async def read_persistence(client: avalkey.Valkey, where: str) -> Persistence:
+    with translate_valkey_errors("read INFO persistence", where):
+        info: dict[str, Any] = await client.info("persistence")
+    return Persistence(
+        aof=str(info.get("aof_enabled", 0)) == "1",
+        appendfsync=await _config(client, "appendfsync"),
+        save=await _config(client, "save"),
+        changes_since_save=int(info.get("rdb_changes_since_last_save") or 0),
+    )
+
+
+def eviction_finding(role: Role, where: str, memory: ValkeyMemory, shared: bool) -> Finding:
+    """``shared``: the state store is RAGFlow's Valkey, so keys with a TTL are the sidecar's."""
+    check = f"{role}.eviction"
+    limit = human_bytes(memory.maxmemory)
+    evicted = f"; {memory.evicted_keys} keys evicted so far" if memory.evicted_keys else ""
+    if memory.maxmemory == 0:
+        return Finding(check, "ok", where, f"no maxmemory: nothing is evicted{evicted}")
+    if not memory.can_evict:
+        return Finding(
+            check,
+            "ok",
+            where,
+            f"{memory.policy} at maxmemory {limit}: writes are refused at the limit, nothing is "
+            f"dropped{evicted}",
+        )
+    if memory.policy.startswith("allkeys-"):
+        return Finding(
+            check,
+            "risk",
+            where,
+            f"{memory.policy} at maxmemory {limit} evicts any key, {HOLDS[role]} included: "
+            f"{LOSS[role]}{evicted}; set maxmemory-policy noeviction (or volatile-lru for "
+            "RAGFlow's own, as its compose does since upstream #17707)",
+        )
+    if role == "ragflow-valkey" and not shared:
+        return Finding(
+            check,
+            "note",
+            where,
+            f"{memory.policy} at maxmemory {limit}: the task streams carry no TTL and are never "
+            f"evicted; keys with a TTL go at the limit (cancel markers <task_id>-cancel){evicted}",
+        )
+    return Finding(
+        check,
+        "risk",
+        where,
+        f"{memory.policy} at maxmemory {limit} evicts keys with a TTL, the sidecar's and "
+        f"ragflow_mq's among them: {LOSS['state-store']}{evicted}; give the state store "
+        "maxmemory-policy noeviction",
+    )
+
+
+def persistence_finding(role: Role, where: str, persistence: Persistence) -> Finding:
+    check = f"{role}.persistence"
+    if persistence.aof:
+        fsync = persistence.appendfsync or "unreadable"
+        lost = {"always": "nothing acknowledged", "everysec": "at most the last second"}.get(
+            fsync, "what the OS had not yet written"
+        )
+        return Finding(check, "ok", where, f"AOF on (appendfsync {fsync}): a restart loses {lost}")
+    if persistence.save is None:
+        return Finding(
+            check,
+            "unknown",
+            where,
+            "AOF off and the RDB save points unreadable (CONFIG GET refused): a restart may "
+            f"lose {HOLDS[role]}",
+        )
+    if persistence.save.strip():
+        return Finding(
+            check,
+            "risk",
+            where,
+            f"RDB snapshots only (save {persistence.save}): a restart loses what changed since "
+            f"the last one ({persistence.changes_since_save} changes now): {LOSS[role]}; turn "
+            "on appendonly yes",
+        )
+    return Finding(
+        check,
+        "risk",
+        where,
+        f"no persistence (AOF off, no RDB save points): a restart loses {HOLDS[role]}, so "
+        f"{LOSS[role]} (RAGFlow #8575); turn on appendonly yes",
+    )
+
+
+async def store_findings(
+    role: Role, client: avalkey.Valkey, where: str, shared: bool = False
+) -> list[Finding]:
+    """Eviction and persistence of one server; one ``unknown`` finding when it cannot be read."""
+    try:
+        memory = await read_memory(client, where)
+        persistence = await read_persistence(client, where)
+    except SidecarError as exc:
+        return [Finding(f"{role}.reachable", "unknown", where, str(exc))]
+    return [
+        eviction_finding(role, where, memory, shared),
+        persistence_finding(role, where, persistence),
+    ]

@@ -1,0 +1,94 @@
+"""Non-inferiority (sidecar/serve/margins.py): a step is promoted on evidence that Kafka is no
+worse than the margin allows at the next share, never on the silence of the harm tests."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from ragflow_mq.evidence import Evidence
+from sidecar.config.serve import GateSettings
+from sidecar.serve.gate_checks import Judged, analyse
+from sidecar.serve.margins import margin_at, run_margins
+from tests.test_gate_stats import minute_of
+
+MARGINS = GateSettings().margins
+EACH = 0.01 / 5
+FLOOR_MS = 1000.0
+
+
+def minutes(
+    seed: int,
+    n: int,
+    share: float,
+    failure: float = 0.04,
+    slowdown: float = 1.0,
+    drift: bool = False,
+) -> list[Evidence]:
+    """``n`` minutes of 100 documents, ``share`` of them on Kafka; with ``drift``, both paths'
+    failure rate and times swing together hour by hour (x0.5 to x2)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for t in range(n):
+        swing = 2 ** math.sin(2 * math.pi * t / 60) if drift else 1.0
+        kafka = int(rng.binomial(100, share))
+        out.append(
+            minute_of(
+                rng,
+                {"kafka": kafka, "redis": 100 - kafka},
+                {"kafka": min(failure * swing, 1.0), "redis": 0.04 * swing},
+                {"kafka": 20_000 * slowdown * swing, "redis": 20_000 * swing},
+            )
+        )
+    return out
+
+
+def shown(window: list[Evidence], next_share: float) -> dict[str, bool]:
+    return {r.name: r.shown for r in run_margins(window, MARGINS, next_share, EACH, FLOOR_MS)}
+
+
+def test_the_margin_is_the_harm_to_all_documents_at_the_next_share() -> None:
+    assert margin_at("failed", 2.0, 1.0) == pytest.approx(0.02)
+    assert margin_at("failed", 2.0, 0.25) == pytest.approx(0.08)
+    assert math.exp(margin_at("processing", 1.2, 1.0)) == pytest.approx(1.2)
+    assert math.exp(margin_at("processing", 1.2, 0.5)) == pytest.approx(1.4)
+
+
+def test_a_healthy_path_is_shown_non_inferior_once_the_evidence_is_in() -> None:
+    few = minutes(1, 3, 0.5)
+    assert shown(few, 1.0) == {"failed": False, "processing": False, "queue_wait": False}
+    many = minutes(2, 240, 0.5, drift=True)
+    assert shown(many, 1.0) == {"failed": True, "processing": True, "queue_wait": True}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_two_points_more_failures_or_processing_x1_5_are_never_shown_non_inferior(
+    seed: int,
+) -> None:
+    """However much evidence: 480 minutes at 50 %, about 24,000 Kafka documents."""
+    worse = minutes(seed, 480, 0.5, failure=0.06, drift=True)
+    assert not shown(worse, 1.0)["failed"]
+    slower = minutes(seed, 480, 0.5, slowdown=1.5, drift=True)
+    assert not shown(slower, 1.0)["processing"]
+    # A small next step may take them: the margin is the harm to all documents.
+    assert shown(slower, 0.05)["processing"]
+
+
+def test_the_gate_holds_until_shown_and_says_how_many_documents_more() -> None:
+    window = minutes(3, 30, 0.25)
+    served = Evidence.from_minutes(window)
+    judged = Judged()
+    judged.kinds["match"] = 1000
+    checks = analyse(GateSettings(), judged, served, window, served_active=True, next_share=1.0)
+    rows = {c.name: c for c in checks if c.name.startswith("margin: ")}
+    failed = rows["margin: failed documents"]
+    assert failed.verdict == "hold" and failed.needed and failed.needed["kafka"] > 0
+    assert "kafka not shown within the margin (failed documents)" in failed.reason
+    assert "kafka documents more would show it" in failed.reason
+    # The same evidence before a small step is enough.
+    checks = analyse(GateSettings(), judged, served, window, served_active=True, next_share=0.05)
+    assert all(c.verdict == "ok" for c in checks if c.name.startswith("margin: ")), [
+        c.reason for c in checks if c.reason
+    ]
