@@ -11,7 +11,9 @@ duplicate record or producer retry runs a task twice while its executor lives. N
 member: aiokafka sends no LeaveGroup for one, so a clean stop would leave its partitions
 unread for the session timeout, and the claims already make a restart's rebalance harmless.
 ``take(queue)`` never waits; ``ack()`` marks the task done, and finished offsets are committed
-every ``SERVE_COMMIT_INTERVAL_MS``. The mirror's copies (no ``x-served``) are skipped; only a
+every ``SERVE_COMMIT_INTERVAL_MS``. A task RAGFlow gives up on (never acked) frees its slot and
+is kept pending for this consumer name (``ragflow_mq.upkeep``), so its record no longer pins
+the partition's commit. The mirror's copies (no ``x-served``) are skipped; only a
 record RAGFlow cannot take (no JSON object with an id) goes to the DLQ.
 """
 
@@ -31,8 +33,7 @@ from ragflow_mq.dead_letters import DeadLetters
 from ragflow_mq.evidence import Recorder
 from ragflow_mq.hand import Hand, KafkaTask, queue_of
 from ragflow_mq.parking import Parking, Served
-from ragflow_mq.pending import decode_entry, encode_entry
-from ragflow_mq.store_health import read_facts, read_identity, say_risks
+from ragflow_mq.upkeep import Upkeep
 from sidecar.config import Settings
 from sidecar.config.routing import RouteTable
 from sidecar.errors import MessageDecodeError, SidecarError
@@ -76,7 +77,6 @@ class ServeConsumer:
         self._hand = Hand(settings.mirror.streams)
         self._parking: Parking | None = None
         self._done: asyncio.Queue[KafkaTask] = asyncio.Queue()
-        self._given_up: asyncio.Queue[KafkaTask] = asyncio.Queue()
         self._marking: list[KafkaTask] = []  # acked, its done marker being written
         self._loop: asyncio.AbstractEventLoop | None = None
         self._consumer: KafkaConsumer | None = None
@@ -86,8 +86,7 @@ class ServeConsumer:
         self._slot_freed = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._warned: set[str] = set()
-        self._store_run_id = ""
-        self._cautious_until = 0.0  # monotonic: till then the store may have forgotten claims
+        self._upkeep: Upkeep | None = None
 
     async def start(self) -> None:
         serve = self._settings.serve
@@ -104,11 +103,10 @@ class ServeConsumer:
             done_ttl_s=serve.done_ttl_s,
             where=self._settings.state.display_url,
         )
-        where = self._settings.state.display_url
-        facts = await read_facts(self._store, where)
-        say_risks(facts, where)
-        self._note_store(facts.run_id, facts.uptime_s)
-        await self._claims.keep_alive()  # before any claim: a claim of ours must look alive
+        self._upkeep = Upkeep(
+            self._settings, self._store, self._claims, self._hand, self._recorder, self.finished
+        )
+        await self._upkeep.start()
         self._consumer = KafkaConsumer(
             self._settings.kafka,
             self._routes.ordered_topics(),
@@ -127,37 +125,30 @@ class ServeConsumer:
             self._consumer,
             self._recorder,
             on_ack=self.finished,
-            cautious=lambda: time.monotonic() < self._cautious_until,
+            cautious=self._upkeep.cautious,
             on_finished=self._consumer.finish,
         )
         self._dlq = DeadLetters(self._settings.kafka)
-        await self._adopt()  # this consumer name's pending tasks first, as Redis replays its own
+        await self._upkeep.adopt(self.room())  # this consumer name's pending tasks first
         self._tasks = [
             asyncio.create_task(self._keep_fetching(), name="ragflow-mq-fetch"),
             asyncio.create_task(self._run_commits(), name="ragflow-mq-commit"),
             asyncio.create_task(self._run_finisher(), name="ragflow-mq-finish"),
             asyncio.create_task(self._run_alive(), name="ragflow-mq-alive"),
-            asyncio.create_task(self._run_given_up(), name="ragflow-mq-pending"),
+            asyncio.create_task(
+                self._upkeep.run_given_up(self._consumer.finish), name="ragflow-mq-pending"
+            ),
         ]
-
-    def _note_store(self, run_id: str, uptime_s: float) -> bool:
-        """Remember the store's run id; True when it changed (the store restarted). A young
-        store may have lost claims that their holders have not asserted again yet."""
-        restarted = bool(self._store_run_id) and run_id != self._store_run_id
-        self._store_run_id = run_id
-        window_s = 2 * self._settings.serve.claim_refresh_s
-        if uptime_s < window_s:
-            self._cautious_until = max(self._cautious_until, time.monotonic() + window_s - uptime_s)
-        return restarted
 
     # -- fetching ----------------------------------------------------------------------------
 
     def room(self) -> int:
-        """Records this executor could start now: free slots less what waits in the buffers;
-        none while as many records are parked as RAGFlow has slots."""
-        if self._parking is not None and len(self._parking.parked) >= self._settings.serve.prefetch:
-            return 0
-        return self._free_slots()
+        """Records this executor could start now: free slots less what waits in the buffers,
+        and never more parked records than RAGFlow has slots."""
+        free = self._free_slots()
+        if self._parking is None:
+            return free
+        return min(free, self._settings.serve.prefetch - len(self._parking.parked))
 
     def _free_slots(self) -> int:
         return self._settings.serve.prefetch - self._hand.filled() - self._busy()
@@ -223,53 +214,18 @@ class ServeConsumer:
     async def _run_alive(self) -> None:
         """Liveness, the claims in hand asserted again, and pending tasks of gone holders
         taken for free slots, every ``SERVE_CLAIM_REFRESH_S``."""
+        failing = False  # one warning an outage, not one a refresh
         while not self._stopping.is_set():
             await asyncio.sleep(self._settings.serve.claim_refresh_s)
+            assert self._upkeep is not None
             try:
-                await self._refresh()
+                await self._upkeep.refresh(self.room())
             except SidecarError as exc:
-                logger.warning("could not refresh this executor's liveness: %s", exc)
-
-    async def _refresh(self) -> None:
-        assert self._claims is not None
-        where = self._settings.state.display_url
-        if self._note_store(*await read_identity(self._store, where)):
-            logger.warning("the state store %s restarted: asserting the claims in hand", where)
-        reasserted = await self._claims.keep_alive(sorted(self._hand.held()))
-        if reasserted.restored:
-            logger.warning(
-                "the state store had lost %d claim(s) of tasks this executor holds (a restart "
-                "or an eviction): written back",
-                reasserted.restored,
-            )
-        if reasserted.lost:
-            logger.error(
-                "served task(s) %s held here were claimed by another executor after the state "
-                "store lost their claims: they may run twice",
-                ", ".join(reasserted.lost),
-            )
-        await self._adopt()
-
-    async def _adopt(self) -> None:
-        """Pending tasks (given up on by RAGFlow, never acked) this process may run now."""
-        assert self._claims is not None
-        room = self.room()
-        if room <= 0:
-            return
-        held = self._hand.held()
-        for task_id, entry in await self._claims.adopt(room):
-            if task_id in held:
-                continue  # this process gave it up: only its next start runs it again
-            try:
-                message = decode_entry(entry)
-                task = decode_task(message.value)
-            except (ValueError, KeyError, MessageDecodeError) as exc:
-                logger.error("pending served task %s cannot be read, left as is: %s", task_id, exc)
-                continue
-            self._recorder.count("kafka", "retried")
-            logger.info("served task %s taken back from its consumer's pending list", task_id)
-            waiting = KafkaTask(message, task, self.finished, retaken=True, replayed=True)
-            self._hand.wait(queue_of(message), waiting)
+                if not failing:
+                    logger.warning("could not refresh this executor's liveness: %s", exc)
+                failing = True
+            else:
+                failing = False
 
     async def _accept(self, batch: list[QueueMessage]) -> None:
         assert self._consumer is not None and self._dlq is not None
@@ -327,35 +283,12 @@ class ServeConsumer:
     def given_up(self, task: KafkaTask) -> None:
         """RAGFlow let ``task`` go without an ack (any thread): its slot is free now, and the
         task stays pending for this consumer name, as a Redis entry would."""
-        if not self._hand.give_up(task):
+        upkeep, loop = self._upkeep, self._loop
+        if upkeep is None or not upkeep.given_up(task):
             return
-        self._recorder.count("kafka", "abandoned")
-        logger.warning(
-            "served task %s was handed out and never acked: kept pending for %s, which runs it "
-            "again when it restarts",
-            task.task_id,
-            self.consumer_name,
-        )
         self.wake()
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._given_up.put_nowait, task)
-
-    async def _run_given_up(self) -> None:
-        """Each given-up task written to its pending list, then its record committed past."""
-        while True:
-            task = await self._given_up.get()
-            assert self._claims is not None
-            while True:
-                try:
-                    await self._claims.pend(task.task_id, encode_entry(task.message))
-                    break
-                except SidecarError as exc:
-                    # Its record stays uncommitted meanwhile: nothing is lost if this process ends.
-                    logger.warning("could not keep task %s pending (again in 1 s): %s",
-                                   task.task_id, exc)  # fmt: skip
-                    await asyncio.sleep(1)
-            if self._consumer is not None and not task.replayed:
-                self._consumer.finish(task.message)
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(upkeep.put_given_up, task)
 
     def in_hand(self) -> int:
         return self._hand.in_hand()

@@ -16,6 +16,7 @@ from typing import Any
 import valkey
 
 from ragflow_mq.backlog import ServedBacklog
+from ragflow_mq.callers import Callers
 from ragflow_mq.consumer import ServeConsumer
 from ragflow_mq.contract import Keys
 from ragflow_mq.evidence import Recorder, write
@@ -37,8 +38,6 @@ _CONSUMER_RETRY_S = 5.0
 _CLOSE_TIMEOUT_S = 10.0
 _FIRST_SHARE_READ_S = 0.5
 _BACKLOG_REFRESH_S = 5.0
-# The executors' assignment changes only at a rebalance; a stale one deals less evenly.
-_SPREAD_REFRESH_S = 5.0
 
 
 class RedisTask:
@@ -101,10 +100,7 @@ class Runtime:
         # Task id -> (path, document), while RAGFlow holds the task; and how many are Redis's.
         self._held: dict[str, tuple[str, str]] = {}
         self._held_on_redis = 0
-        # RAGFlow's coroutine (an asyncio task) -> the task it was handed last: a coroutine that
-        # ends, or asks again, without acking it has given it up (collect() raised after
-        # queue_consumer), and its slot is RAGFlow's again.
-        self._callers: dict[asyncio.Task[Any], KafkaTask | RedisTask] = {}
+        self.callers = Callers(self._gave_up)
         self._redis_busy: dict[str, bool] = {}
         self._redis_turn: dict[str, bool] = {}
         self._closed = False
@@ -127,7 +123,7 @@ class Runtime:
         self._background = False
         self._held.clear()
         self._held_on_redis = 0
-        self._callers = {}
+        self.callers = Callers(self._gave_up)
 
     def _new_producer(self) -> ServeProducer:
         return ServeProducer(
@@ -183,7 +179,7 @@ class Runtime:
                 return
             self.loop.spawn(self._refresh_share, "ragflow-mq-share")
             if self.settings.serve.percent > 0:
-                self.loop.spawn(self._refresh_spread, "ragflow-mq-spread")
+                self.loop.spawn(self.spread.keep_refreshing, "ragflow-mq-spread")
             self.loop.spawn(self._flush_evidence, "ragflow-mq-evidence")
             self._background = True
             # The first decision waits for the first read (0 is served until it answers), but
@@ -194,14 +190,6 @@ class Runtime:
         while True:
             await asyncio.to_thread(self.read_share)
             await asyncio.sleep(self.settings.serve.share_refresh_s)
-
-    async def _refresh_spread(self) -> None:
-        try:
-            while True:
-                await self.spread.refresh()
-                await asyncio.sleep(_SPREAD_REFRESH_S)
-        finally:
-            await self.spread.close()
 
     async def _flush_evidence(self) -> None:
         while True:
@@ -306,28 +294,7 @@ class Runtime:
         wait_ms = task.queue_wait_ms
         if wait_ms is not None:
             self.recorder.first(path, "started", document, latency="queue_wait", ms=wait_ms)
-        self._watch_caller(task)
-
-    def _watch_caller(self, task: KafkaTask | RedisTask) -> None:
-        """Tie ``task`` to RAGFlow's coroutine that took it (upstream: one per slot, on one
-        asyncio loop, the queue calls synchronous on it). Outside a coroutine, nothing."""
-        try:
-            caller = asyncio.current_task()
-        except RuntimeError:  # no running loop in this thread
-            return
-        if caller is None:
-            return
-        previous = self._callers.get(caller)
-        self._callers[caller] = task
-        if previous is None:
-            caller.add_done_callback(self._caller_done)
-        elif not previous.acked:
-            self._gave_up(previous)
-
-    def _caller_done(self, caller: asyncio.Task[Any]) -> None:
-        task = self._callers.pop(caller, None)
-        if task is not None and not task.acked:
-            self._gave_up(task)
+        self.callers.handed(task)
 
     def _gave_up(self, task: KafkaTask | RedisTask) -> None:
         """RAGFlow dropped ``task`` unacked: its slot is free. A Redis entry stays pending in

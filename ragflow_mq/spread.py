@@ -37,6 +37,8 @@ logger = logging.getLogger(__name__)
 _DOCUMENTS_LIMIT = 100_000  # documents whose turn is remembered at most; the oldest go first
 # The first describe waits this long at most: it is inside the first queue_product's bound.
 _FIRST_READ_S = 0.5
+# The executors' assignment changes only at a rebalance; a stale one deals less evenly.
+_REFRESH_S = 5.0
 
 # topic -> the partitions of each member that reads it (members in id order, partitions sorted)
 Layout = Mapping[str, tuple[tuple[int, ...], ...]]
@@ -133,6 +135,15 @@ class Spread:
         self.layout = layout_of(
             [g for r in responses for g in r.to_object()["groups"] if not g["error_code"]]
         )
+
+    async def keep_refreshing(self) -> None:
+        """``refresh`` every ``_REFRESH_S`` until cancelled (the runtime's loop closing)."""
+        try:
+            while True:
+                await self.refresh()
+                await asyncio.sleep(_REFRESH_S)
+        finally:
+            await self.close()
 
     async def close(self) -> None:
         admin, self._admin = self._admin, None

@@ -15,15 +15,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from sidecar.errors import SidecarError
+from sidecar.text import as_text
 from sidecar.transport.valkey_client import translate_valkey_errors
+from sidecar.transport.valkey_memory import read_memory
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class StoreFacts:
-    """The store's identity and durability; ``None`` where it would not say (a managed
-    Valkey may refuse CONFIG)."""
+    """The store's identity and durability; ``None`` where it would not say (an ACL may
+    refuse CONFIG)."""
 
     run_id: str
     uptime_s: float
@@ -35,9 +37,7 @@ class StoreFacts:
     def risks(self) -> list[str]:
         """What the store can lose, one sentence each; empty for a durable store."""
         found: list[str] = []
-        if self.policy is None:
-            found.append("its eviction policy cannot be read (CONFIG GET refused)")
-        elif self.policy != "noeviction" and self.maxmemory != 0:
+        if self.policy is not None and self.policy != "noeviction" and self.maxmemory != 0:
             found.append(
                 f"maxmemory-policy {self.policy} evicts keys when full: a done marker evicted "
                 "lets a late duplicate record of a finished task run again, a pending entry "
@@ -52,7 +52,7 @@ class StoreFacts:
 
 def _info_value(info: dict[str, Any], name: str) -> Any:
     value = info.get(name)
-    return value.decode() if isinstance(value, bytes) else value
+    return as_text(value) if isinstance(value, bytes) else value
 
 
 async def read_identity(client: Any, where: str) -> tuple[str, float]:
@@ -63,32 +63,23 @@ async def read_identity(client: Any, where: str) -> tuple[str, float]:
 
 
 async def read_facts(client: Any, where: str) -> StoreFacts:
-    """Identity, eviction policy and persistence of the store."""
+    """Identity, eviction policy and persistence of the store. The policy comes from INFO
+    (allowed by docs/security.md's ACL); RDB save points need CONFIG, which may be refused."""
     run_id, uptime_s = await read_identity(client, where)
+    memory = await read_memory(client, where)
     with translate_valkey_errors("read the state store's persistence", where):
         persistence = await client.info("persistence")
-    aof = bool(int(_info_value(persistence, "aof_enabled") or 0))
-    policy: str | None = None
-    maxmemory: int | None = None
     rdb: bool | None = None
     try:
-        with translate_valkey_errors("read the state store's configuration", where):
-            config = await client.config_get("maxmemory-policy")
-            config.update(await client.config_get("maxmemory"))
-            config.update(await client.config_get("save"))
+        with translate_valkey_errors("read the state store's save points", where):
+            config = await client.config_get("save")
     except SidecarError as exc:
-        logger.info("the state store's configuration cannot be read: %s", exc)
+        logger.info("the state store's save points cannot be read: %s", exc)
     else:
-        values = {
-            (k.decode() if isinstance(k, bytes) else str(k)): (
-                v.decode() if isinstance(v, bytes) else str(v)
-            )
-            for k, v in config.items()
-        }
-        policy = values.get("maxmemory-policy")
-        maxmemory = int(values["maxmemory"]) if "maxmemory" in values else None
-        rdb = bool(values["save"].strip()) if "save" in values else None
-    return StoreFacts(run_id, uptime_s, policy, maxmemory, aof, rdb)
+        save = config.get("save", config.get(b"save"))
+        rdb = None if save is None else bool(as_text(save).strip())
+    aof = str(_info_value(persistence, "aof_enabled")) == "1"
+    return StoreFacts(run_id, uptime_s, memory.policy, memory.maxmemory, aof, rdb)
 
 
 def say_risks(facts: StoreFacts, where: str) -> None:

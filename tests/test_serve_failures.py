@@ -160,3 +160,59 @@ async def test_the_state_store_restarted_without_persistence_mid_task_runs_nothi
         holder.terminate()
     assert_exactly_once(ids, records)
     assert "can lose the served path's keys: no persistence" in holder.log_text()
+
+
+async def _fill(client: avalkey.Valkey, start: int, count: int) -> None:
+    """Keys with a TTL, as done markers are: what volatile-lru evicts when the store is full."""
+    async with client.pipeline(transaction=False) as pipe:
+        for n in range(start, start + count):
+            pipe.set(f"filler:{n}", b"x" * 120, ex=3600)
+        await pipe.execute()
+
+
+async def test_a_state_store_that_evicts_under_running_tasks_runs_nothing_twice(
+    stack: LocalStack,
+    unique: str,
+    tmp_path: Path,
+    valkey_client: avalkey.Valkey,
+    state_store: LocalValkey,
+) -> None:
+    """A 16 MB volatile-lru store kept full while executors hold tasks and another joins: the
+    eviction may take any key with a TTL, claims too; nothing runs twice, and the risk is said
+    at start."""
+    store = avalkey.Valkey.from_url(state_store.url)
+    await store.config_set("maxmemory", "16mb")
+    await store.config_set("maxmemory-policy", "volatile-lru")
+    world = await make_world(
+        stack, unique, tmp_path, KAFKA_SERVE_PERCENT="100", SIDECAR_STATE_URL=state_store.url
+    )
+    filled = 0
+    stop = asyncio.Event()
+
+    async def keep_full() -> None:
+        nonlocal filled
+        while not stop.is_set():
+            await _fill(store, filled, 5000)
+            filled += 5000
+            await asyncio.sleep(0.05)
+
+    work = {"STANDIN_WORK_MS": "4000"}
+    filler = asyncio.create_task(keep_full())
+    try:
+        with world.executor("task_executor_common_e_0", **work) as first:
+            await world.wait_members(1)
+            ids = await _enqueue(world, "produced", docs=30)
+            with world.executor("task_executor_common_e_1", **work):
+                await world.wait_members(2)
+                await world.wait_executed(valkey_client, ids, timeout_s=180)
+                await wait_until(world.kafka_settled, 60, what="every record committed")
+            records = await world.executed(valkey_client)
+            first.terminate()
+    finally:
+        stop.set()
+        await filler
+        evicted = int((await store.info("stats"))["evicted_keys"])
+        await store.aclose()
+    assert evicted > 0, "the store never evicted"
+    assert_exactly_once(ids, records)
+    assert "maxmemory-policy volatile-lru evicts keys" in first.log_text()

@@ -18,10 +18,11 @@ from ragflow_mq.hand import KafkaTask
 from ragflow_mq.producer import served_headers
 from sidecar.config import Settings
 from sidecar.config.routing import Route, RouteTable
-from sidecar.dev.local_stack import LocalStack
+from sidecar.dev.local_stack import LocalStack, LocalValkey
 from sidecar.transport.kafka import KafkaProducer
 from sidecar.transport.partitioner import key_partition
 from sidecar.transport.valkey_client import create_client
+from tests.conftest import free_port
 from tests.ragflow_support import wait_until
 from tests.serve_support import ServeWorld, make_world
 
@@ -214,3 +215,102 @@ async def test_a_record_claimed_while_its_task_is_marked_done_is_not_run_again(
     finally:
         await member.stop()
         await store.aclose()
+
+
+@pytest.mark.parametrize("successor", ["task_executor_common_p_0", "task_executor_common_q_0"])
+async def test_a_task_given_up_stays_pending_and_is_taken_back_once(
+    stack: LocalStack, unique: str, tmp_path: Path, successor: str
+) -> None:
+    """RAGFlow gives a served task up (collect() raised after queue_consumer): its record is
+    committed past, this process never hands it out again, and the next process takes it from
+    the pending list once: the same consumer name started again, or another executor once
+    the holder is gone."""
+    world = await make_world(stack, unique, tmp_path, KAFKA_SERVE_PERCENT="100")
+    settings = world.settings()
+    routes, keys = RouteTable(settings.mirror.routes), Keys(unique)
+    task, route = _one_task(unique, routes)
+    queue = world.streams[1]
+    async with KafkaProducer(settings.kafka, linger_ms=0) as producer:
+        await producer.send(
+            route.topic, task, key=route.key, headers=served_headers(queue, task, route)
+        )
+    store = create_client(settings.state)
+    name = "task_executor_common_p_0"
+    first = ServeConsumer(settings, routes, keys, store, Recorder(), name)
+    second = ServeConsumer(settings, routes, keys, store, Recorder(), successor)
+    try:
+        await first.start()
+        first.given_up(await _take_one(first, queue))
+
+        async def pending() -> bool:
+            return bool(await store.hexists(keys.pending(name), task["id"]))  # type: ignore[misc]
+
+        await wait_until(pending, 10, what="the task in its consumer's pending list")
+        await wait_until(world.kafka_settled, 30, what="its record committed past")
+        await asyncio.sleep(2.5)  # two refreshes: neither hands it out here again
+        assert first.take(queue) is None, "handed out again by the process that gave it up"
+        await first.stop()
+        await second.start()
+        again = await _take_one(second, queue)
+        assert again.task_id == task["id"] and again.retaken
+        again.ack()
+
+        async def finished() -> bool:
+            return await store.exists(keys.done(task["id"])) == 1 and not await pending()
+
+        await wait_until(finished, 10, what="the task done and out of the pending list")
+        await asyncio.sleep(2.5)
+        assert second.take(queue) is None, "taken back twice"
+    finally:
+        await first.stop()
+        await second.stop()
+        await store.aclose()
+
+
+async def test_records_fetched_while_the_state_store_is_down_are_parked_within_the_slots(
+    stack: LocalStack, unique: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Nobody can tell where a task runs while the store is away: the fetched records are
+    parked, no more than RAGFlow's slots, with one warning for the outage; once the store is
+    back every task is handed out once."""
+    server = LocalValkey(tmp_path / "state", free_port())
+    server.start()
+    world = await make_world(
+        stack, unique, tmp_path, KAFKA_SERVE_PERCENT="100", SIDECAR_STATE_URL=server.url
+    )
+    settings = world.settings(SIDECAR_STATE_URL=server.url)
+    routes, keys = RouteTable(settings.mirror.routes), Keys(unique)
+    queue = world.streams[1]
+    store = create_client(settings.state)
+    member = ServeConsumer(settings, routes, keys, store, Recorder(), "task_executor_common_o_0")
+    taken: Counter[str] = Counter()
+    try:
+        await member.start()
+        server.stop()
+        ids: set[str] = set()
+        async with KafkaProducer(settings.kafka, linger_ms=0) as producer:
+            for n in range(20):
+                task = {"id": f"{unique}-{n}", "doc_id": f"{unique}-d{n}", "from_page": 0}
+                route = routes.route(task, 0)
+                headers = served_headers(queue, task, route)
+                await producer.send(route.topic, task, key=route.key, headers=headers)
+                ids.add(task["id"])
+        await asyncio.sleep(6)
+        assert member.take(queue) is None
+        assert member.parked() <= settings.serve.prefetch, member.parked()
+        server.start()
+
+        def take_all() -> bool:
+            while (task := member.take(queue)) is not None:
+                taken[task.task_id] += 1
+                task.ack()
+            return ids <= taken.keys()
+
+        await wait_until(take_all, 60, interval_s=0.1, what="every task handed out")
+    finally:
+        await member.stop()
+        await store.aclose()
+        server.stop()
+    assert taken == Counter(dict.fromkeys(ids, 1)), taken
+    outage = [r for r in caplog.records if "cannot be reached" in r.getMessage()]
+    assert len(outage) == 1, [r.getMessage() for r in outage]
