@@ -3,12 +3,12 @@ sets, and its controls; as a process, killed with -9 and started again."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -245,10 +245,14 @@ def test_abort_while_the_state_store_is_down_waits_for_it_and_lands(
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        time.sleep(3)
+        assert waiting.stderr is not None
+        with concurrent.futures.ThreadPoolExecutor(1) as reader:
+            first = reader.submit(waiting.stderr.readline).result(timeout=60)
+        assert "does not answer" in first, first
         assert waiting.poll() is None, "abort did not wait for the store"
         state_valkey.start()
         out, err = waiting.communicate(timeout=30)
+        err = first + err
     finally:
         if waiting.poll() is None:
             waiting.kill()
