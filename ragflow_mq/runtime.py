@@ -24,6 +24,7 @@ from ragflow_mq.failures import watch_failures
 from ragflow_mq.hand import KafkaTask
 from ragflow_mq.loop import BackgroundLoop
 from ragflow_mq.producer import ServeProducer
+from ragflow_mq.redis_task import RedisTask
 from ragflow_mq.share import LiveShare
 from ragflow_mq.spread import Spread
 from sidecar.config import Settings
@@ -38,37 +39,6 @@ _CONSUMER_RETRY_S = 5.0
 _CLOSE_TIMEOUT_S = 10.0
 _FIRST_SHARE_READ_S = 0.5
 _BACKLOG_REFRESH_S = 5.0
-
-
-class RedisTask:
-    """RAGFlow's own ``RedisMsg``, with its hand-out and ack timed for the evidence."""
-
-    def __init__(self, runtime: Runtime, message: Any) -> None:
-        self._runtime = runtime
-        self._message = message
-        self.handed_out_s = time.time()
-        self.queue_wait_ms: float | None = None  # from its stream entry's id, when it has one
-        self._acked = False
-
-    def get_message(self) -> Any:
-        return self._message.get_message()
-
-    def get_msg_id(self) -> Any:
-        return self._message.get_msg_id()
-
-    @property
-    def acked(self) -> bool:
-        return self._acked
-
-    def ack(self) -> bool:
-        ok = bool(self._message.ack())
-        if not self._acked:
-            self._acked = True
-            self._runtime.finished("redis", self)
-        return ok
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._message, name)
 
 
 class Runtime:
@@ -351,7 +321,7 @@ class Runtime:
     def redis_task(self, message: Any, *, retried: bool) -> RedisTask | None:
         if message is None or isinstance(message, RedisTask):
             return message
-        task = RedisTask(self, message)
+        task = RedisTask(message, self.finished)
         self.recorder.count("redis", "started")
         if retried:
             self.recorder.count("redis", "retried")

@@ -40,6 +40,8 @@ from tests.test_security import (
     run_command,
 )
 
+pytestmark = pytest.mark.kafka39
+
 DOC = Path(__file__).parent.parent / "docs" / "security.md"
 MIRROR, SHADOW, MQ, READER = "ragflow-mirror", "ragflow-shadow", "ragflow-mq", "ragflow-reader"
 SHADOW_GROUP = "ragflow-shadow"

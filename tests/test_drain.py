@@ -33,6 +33,8 @@ from sidecar.transport.base import OutgoingMessage, SendResult
 from sidecar.transport.topic_reader import read_topics
 from sidecar.transport.topics import DLQ_TOPIC, init_topics
 
+pytestmark = pytest.mark.kafka39
+
 MakeTopic = Callable[[int], Awaitable[str]]
 
 

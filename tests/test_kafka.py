@@ -23,6 +23,8 @@ from sidecar.transport import KafkaConsumer, KafkaProducer, OutgoingMessage, Sen
 from sidecar.transport.message import QueueMessage
 from sidecar.transport.partitioner import key_partition
 
+pytestmark = pytest.mark.kafka39
+
 MakeTopic = Callable[[int], Awaitable[str]]
 
 

@@ -14,6 +14,8 @@ from sidecar.dev.local_stack import LocalStack, LocalValkey
 from sidecar.dev.local_stack.kafka import DEFAULT_KAFKA_VERSION
 from tests.conftest import free_port, kafka_version
 
+pytestmark = pytest.mark.kafka39
+
 
 def test_up_is_idempotent_and_exports_the_settings(stack: LocalStack) -> None:
     pids = (stack.valkey.process.pid(), stack.kafka.process.pid())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
 import valkey.asyncio as avalkey
 
 from sidecar.app.wiring import StandaloneMirror, running_mirror
@@ -23,6 +24,8 @@ from tests.mirror_support import (
     ragflow_worker,
     read_mirrored,
 )
+
+pytestmark = pytest.mark.kafka39
 
 UGLY = [
     {"id": "u1", "doc_id": "du1", "name": "\u00fc\u6587\u6863 \ud83d\ude00", "to_page": 100000000},
@@ -182,6 +185,9 @@ async def test_entries_of_a_dead_instance_are_taken_over(
         await mirror_until(mirror, 30)
     found = await read_mirrored(settings, {unique}, 30)
     assert len({m.headers["x-redis-id"] for m in found}) == 30
+    # Sent by the live mirror, marked as taken over: the shadow promises them no order.
+    assert {m.headers["x-mirror-consumer"] for m in found} == {b"alive"}
+    assert {m.headers.get("x-mirror-claimed") for m in found} == {b"1"}
     assert await valkey_client.xpending(unique, "ragflow_kafka_mirror") == {
         "pending": 0, "min": None, "max": None, "consumers": []
     }  # fmt: skip

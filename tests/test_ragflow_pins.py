@@ -44,6 +44,8 @@ from tools.ragflow_constraints import (
     render,
 )
 
+pytestmark = pytest.mark.ragflow_pins
+
 REPO = Path(__file__).resolve().parent.parent
 SIDECAR_ONLY = ("opentelemetry", "deepdiff", "numpy", "scipy", "prometheus_client", "grpc")
 

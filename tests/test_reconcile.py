@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import valkey.asyncio as avalkey
 
 from sidecar.app.wiring import running_mirror
@@ -18,6 +19,8 @@ from sidecar.transport import KafkaProducer
 from sidecar.transport.base import OutgoingMessage
 from sidecar.transport.topics import PARSE_TOPIC, init_topics
 from tests.mirror_support import mirror_settings, mirror_until, ragflow_tasks
+
+pytestmark = pytest.mark.kafka39
 
 BROKEN = [
     {"message": b"{not json"},

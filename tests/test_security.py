@@ -167,6 +167,7 @@ def error_lines(stderr: str) -> list[str]:
 # --- Kafka over SASL_SSL ------------------------------------------------------------------------
 
 
+@pytest.mark.kafka39
 async def test_init_topics_and_the_mirror_over_sasl_ssl_with_scram(
     settings: Settings,
     valkey_client: avalkey.Valkey,
@@ -198,6 +199,7 @@ async def test_init_topics_and_the_mirror_over_sasl_ssl_with_scram(
     assert " ERROR " not in log.read_text()
 
 
+@pytest.mark.kafka39
 @pytest.mark.parametrize("fault", ["wrong password", "wrong CA"])
 async def test_a_refused_login_is_one_clear_line_and_nothing_is_acked(
     settings: Settings,

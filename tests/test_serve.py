@@ -9,6 +9,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import pytest
 import valkey.asyncio as avalkey
 
 from ragflow_mq.contract import QUEUE_HEADER, SERVED_HEADER, Keys
@@ -21,6 +22,8 @@ from sidecar.transport.topic_reader import read_topics
 from sidecar.transport.topics import DLQ_TOPIC, init_topics
 from tests.ragflow_support import assert_exactly_once, pending_count, read_produced, wait_until
 from tests.serve_support import ServeWorld, by_path, make_world
+
+pytestmark = [pytest.mark.kafka39, pytest.mark.ragflow_pins]
 
 RAGFLOW_GROUP = "rag_flow_svr_task_broker"
 

@@ -33,6 +33,8 @@ from tests.conftest import free_port
 from tests.ragflow_support import STANDIN_ROOT, StandinProcess, standin_env, wait_until
 from tests.serve_support import make_world
 
+pytestmark = [pytest.mark.kafka39, pytest.mark.ragflow_pins]
+
 GROUP = "rag_flow_svr_task_broker"
 
 

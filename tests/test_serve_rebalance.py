@@ -26,6 +26,8 @@ from tests.conftest import free_port
 from tests.ragflow_support import wait_until
 from tests.serve_support import ServeWorld, make_world
 
+pytestmark = [pytest.mark.kafka39, pytest.mark.ragflow_pins]
+
 
 async def _one_task_per_partition(world: ServeWorld, settings: Settings) -> set[str]:
     """Queue, as ``queue_product`` does for a served document, one task on every partition of

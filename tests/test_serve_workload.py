@@ -26,7 +26,7 @@ from sidecar.transport.message import encode_task
 from tests.ragflow_support import pending_count, progress, read_produced, wait_until
 from tests.serve_support import ServeWorld, by_path, make_world
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.ragflow_pins]
 
 RAGFLOW_GROUP = "rag_flow_svr_task_broker"
 PERCENT = {"redis": "0", "kafka": "100"}

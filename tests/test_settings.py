@@ -94,6 +94,8 @@ def test_redis_url_forms(
         ({"SIDECAR_STATE_URL": "redis://:6379/0"}, "SIDECAR_STATE_URL", "has no host name"),
         ({"SIDECAR_STATE_POLL_S": "0"}, "SIDECAR_STATE_POLL_S", "out of range"),
         ({"SIDECAR_STATE_POLL_S": "15s"}, "SIDECAR_STATE_POLL_S", "not a number"),
+        ({"SHADOW_SESSION_TIMEOUT_MS": "5999"}, "SHADOW_SESSION_TIMEOUT_MS", "out of range"),
+        ({"SHADOW_SESSION_TIMEOUT_MS": "30s"}, "SHADOW_SESSION_TIMEOUT_MS", "not"),
     ],
 )
 def test_bad_values_name_the_variable(
@@ -325,3 +327,20 @@ def test_service_conf_errors_name_the_file_key(tmp_path: Path) -> None:
         Settings.from_env({}, config_file=conf)
     with pytest.raises(ConfigError, match="cannot read file"):
         Settings.from_env({}, config_file=tmp_path / "missing.yaml")
+
+
+def test_a_crashed_shadows_partitions_move_within_45_s_by_default() -> None:
+    # The session timeout plus a rebalance (about 10 s) must stay inside 45 s; heartbeats run
+    # in the background, so long handlers do not need more (max_poll_interval_ms covers them).
+    settings = Settings.from_env({})
+    assert settings.shadow.session_timeout_ms == 30_000
+    assert (
+        Settings.from_env({"SHADOW_SESSION_TIMEOUT_MS": "6000"}).shadow.session_timeout_ms == 6000
+    )
+    # A heartbeat every third of the session, 3 s at most.
+    assert settings.shadow.group_timing_ms == {
+        "session_timeout_ms": 30_000,
+        "heartbeat_interval_ms": 3_000,
+    }
+    shortest = Settings.from_env({"SHADOW_SESSION_TIMEOUT_MS": "6000"}).shadow
+    assert shortest.group_timing_ms["heartbeat_interval_ms"] == 2_000

@@ -8,6 +8,7 @@ import json
 from collections import Counter
 from typing import Any
 
+import pytest
 import valkey.asyncio as avalkey
 
 from ragflow_mq.producer import served_headers
@@ -26,6 +27,8 @@ from tests.mirror_support import (
 )
 from tests.shadow_handlers import EXPLODE_MARKER
 from tests.shadow_support import read_verdicts, running_sidecar, sidecar_settings
+
+pytestmark = pytest.mark.kafka39
 
 
 async def enqueue(client: avalkey.Valkey, stream: str, tasks: list[dict[str, object]]) -> list[str]:

@@ -26,6 +26,8 @@ from sidecar.dev.local_stack import LocalStack
 from tests.ragflow_support import assert_exactly_once, read_produced
 from tests.serve_support import ServeWorld, make_world
 
+pytestmark = pytest.mark.ragflow_pins
+
 
 class Shift:
     """``ragflow-sidecar shift`` in this process, on a key prefix of the test's own."""

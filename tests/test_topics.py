@@ -11,6 +11,8 @@ from sidecar.config import Settings
 from sidecar.errors import MessageQueueError
 from sidecar.transport.topics import TOPIC_PLAN, init_topics
 
+pytestmark = pytest.mark.kafka39
+
 
 async def partitions_of(settings: Settings, names: list[str]) -> dict[str, int]:
     admin = AIOKafkaAdminClient(**settings.kafka.client_kwargs())

@@ -4,8 +4,10 @@ orphaned pending entries back on their streams first (sidecar/doctor/requeue.py)
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import re
-from typing import Final
+from typing import Any, Final
 
 from sidecar.app.state_store import shares_ragflows_valkey
 from sidecar.config import Settings
@@ -16,7 +18,7 @@ from sidecar.doctor.requeue import REQUEUED_KEY, requeue_orphans
 from sidecar.errors import ConfigError
 from sidecar.transport.valkey_client import create_client
 
-__all__ = ["DEFAULT_OLDER_THAN", "doctor", "parse_older_than"]
+__all__ = ["DEFAULT_OLDER_THAN", "add_parser", "doctor", "parse_older_than", "run"]
 
 _DURATION: Final = re.compile(r"^([0-9]+)\s*(s|m|h|d)$")
 _UNIT_MS: Final = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -54,3 +56,25 @@ async def doctor(settings: Settings, older_than_ms: int, requeue: bool) -> int:
             await state.aclose()
     print(render(findings))
     return exit_code(findings)
+
+
+def add_parser(commands: Any) -> None:
+    doctor = commands.add_parser(
+        "doctor",
+        help="what RAGFlow's Valkey and the state store can lose, executors and orphaned "
+        "entries; exit 0 fine, 1 risk, 2 cannot tell",
+    )
+    doctor.add_argument(
+        "--older-than",
+        default=DEFAULT_OLDER_THAN,
+        help=f"a consumer silent this long holds orphans (90s, 30m, 6h; {DEFAULT_OLDER_THAN})",
+    )
+    doctor.add_argument(
+        "--requeue-orphans",
+        action="store_true",
+        help="put each orphaned pending entry back on its stream (once, atomically) first",
+    )
+
+
+def run(settings: Settings, args: argparse.Namespace) -> int:
+    return asyncio.run(doctor(settings, parse_older_than(args.older_than), args.requeue_orphans))

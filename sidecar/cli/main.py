@@ -18,9 +18,9 @@ from sidecar.app.service import Sidecar
 from sidecar.app.state_store import warn_if_evicting
 from sidecar.app.supervisor import run_until_signal
 from sidecar.app.wiring import StandaloneMirror
+from sidecar.cli import doctor as doctor_cli
 from sidecar.cli import rollout as rollout_cli
 from sidecar.cli.diffs import render_diffs
-from sidecar.cli.doctor import DEFAULT_OLDER_THAN, doctor, parse_older_than
 from sidecar.cli.reconcile import reconcile, render_json, render_report
 from sidecar.cli.roundtrip import round_trip
 from sidecar.cli.status import collect_status, render_status
@@ -83,21 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     diffs.add_argument("--task-type", action="append", help="only this task type (repeatable)")
     diffs.add_argument("--color", choices=("auto", "always", "never"), default="auto")
     commands.add_parser("status", help="lag, traffic share, verdict and DLQ counts, as a table")
-    doctor = commands.add_parser(
-        "doctor",
-        help="what RAGFlow's Valkey and the state store can lose, executors and orphaned "
-        "entries; exit 0 fine, 1 risk, 2 cannot tell",
-    )
-    doctor.add_argument(
-        "--older-than",
-        default=DEFAULT_OLDER_THAN,
-        help=f"a consumer silent this long holds orphans (90s, 30m, 6h; {DEFAULT_OLDER_THAN})",
-    )
-    doctor.add_argument(
-        "--requeue-orphans",
-        action="store_true",
-        help="put each orphaned pending entry back on its stream (once, atomically) first",
-    )
+    doctor_cli.add_parser(commands)
     reconcile = commands.add_parser(
         "reconcile", help="account for every stream entry of a window in Kafka; exit 1 if missing"
     )
@@ -391,8 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "drain-to-redis":
             return asyncio.run(_drain(settings, args))
         if args.command == "doctor":
-            older_than_ms = parse_older_than(args.older_than)
-            return asyncio.run(doctor(settings, older_than_ms, args.requeue_orphans))
+            return doctor_cli.run(settings, args)
         if args.command == "status":
             return asyncio.run(_status(settings))
         if args.command == "check":

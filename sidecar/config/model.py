@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from sidecar.transport.options import Secret
 
@@ -71,10 +71,24 @@ class ShadowSettings:
     rules_file: str | None = None
     latency_tolerance_ms: float = 60000.0
     observer_interval_ms: int = 500
+    # How long the shadow's group waits for a member that stopped heartbeating before its
+    # partitions move: a crashed replica's work resumes elsewhere within this and a rebalance
+    # (30 s + about 10 s, inside 45 s). Heartbeats run on aiokafka's own task, so a long
+    # handler never needs a long session timeout (max_poll_interval_ms covers it).
+    session_timeout_ms: int = 30_000
     instance: str = field(default_factory=_host_and_pid)
     # SIDECAR_INSTANCE was given: a name that survives restarts, so the shadow consumer joins
     # its group as a static member and gets its partitions back at once after a crash.
     stable_instance: bool = False
+
+    @property
+    def group_timing_ms(self) -> dict[str, Any]:
+        """The shadow consumer's session and heartbeat: a heartbeat every third of the session,
+        as Kafka advises, and no slower than the client's default 3 s."""
+        return {
+            "session_timeout_ms": self.session_timeout_ms,
+            "heartbeat_interval_ms": min(3_000, self.session_timeout_ms // 3),
+        }
 
 
 @dataclass(frozen=True)

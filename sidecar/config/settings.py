@@ -215,6 +215,9 @@ SHADOW = Table(
     Var("SHADOW_JOIN_BATCH", "join_batch", integer(1, 10_000)),
     Var("COMPARE_LATENCY_TOLERANCE_MS", "latency_tolerance_ms", number(0.0, 86400000.0)),
     Var("OBSERVER_INTERVAL_MS", "observer_interval_ms", integer(10)),
+    # Kafka brokers accept 6 s to 30 min by default (group.min/max.session.timeout.ms); above
+    # 5 min a crashed replica's partitions wait longer than any alert's window.
+    Var("SHADOW_SESSION_TIMEOUT_MS", "session_timeout_ms", integer(6000, 300_000)),
     Var("SIDECAR_INSTANCE", "instance", text()),
     Var("SIDECAR_INSTANCE", "stable_instance", _is_set),
 )

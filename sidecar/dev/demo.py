@@ -44,18 +44,22 @@ FAULT_PERCENT = 3.0
 DEADLINE_S = 180.0
 
 
-async def _produce(client: valkey.Valkey, tasks: list[dict[str, Any]], rate: int) -> int:
-    """RAGFlow's API server: XADD each task, one in ten at priority 1, at ``rate`` per second."""
+async def _produce(
+    client: valkey.Valkey, tasks: list[dict[str, Any]], rate: int, summary: _Summary
+) -> None:
+    """RAGFlow's API server: XADD each task, one in ten at priority 1, at ``rate`` per second,
+    counted in ``summary.produced`` as it goes (the live line reads it)."""
     started = time.monotonic()
     for n, task in enumerate(tasks):
         stream = STREAMS[0] if n % 10 == 0 else STREAMS[1]
         await client.xadd(stream, {"message": json.dumps(task)})
+        summary.produced += 1
         delay = started + (n + 1) / rate - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
     for fields in BROKEN_ENTRIES:
         await client.xadd(STREAMS[1], fields)
-    return len(tasks) + len(BROKEN_ENTRIES)
+        summary.produced += 1
 
 
 async def _ragflow_worker(client: valkey.Valkey, done: asyncio.Event, name: str) -> int:
@@ -193,7 +197,7 @@ async def _run(
         assert sidecar.shadow is not None and sidecar.mirror is not None
         await sidecar.shadow.wait_ready()
         loops = asyncio.create_task(sidecar.run(stop), name="demo-sidecar")
-        producer = asyncio.create_task(_produce(client, tasks, rate), name="demo-producer")
+        producer = asyncio.create_task(_produce(client, tasks, rate, summary), name="demo-producer")
         workers = [
             asyncio.create_task(_ragflow_worker(client, workers_done, f"task_executor_demo_{n}"))
             for n in range(2)
@@ -201,8 +205,7 @@ async def _run(
         try:
             while time.monotonic() - started < DEADLINE_S and not loops.done():
                 await asyncio.sleep(0.5)
-                produced = summary.produced = producer.result() if producer.done() else 0
-                print(f"\r{_progress(sidecar, produced)}", end="", flush=True)
+                print(f"\r{_progress(sidecar, summary.produced)}", end="", flush=True)
                 stats = sidecar.mirror.stats
                 faults = injector.injected if injector else Counter[str]()
                 expected = sum(stats.mirrored.values()) + faults["drop"] - faults["duplicate"]

@@ -23,11 +23,17 @@ class Reading:
 
 
 async def read_stores(
-    settings: Settings, ragflow: avalkey.Valkey, state: avalkey.Valkey | None
+    settings: Settings,
+    ragflow: avalkey.Valkey,
+    state: avalkey.Valkey | None,
+    read_config: bool = True,
 ) -> list[Finding]:
-    """``state`` None: the state store is RAGFlow's Valkey (one server, read once)."""
+    """``state`` None: the state store is RAGFlow's Valkey (one server, read once).
+    ``read_config``: also CONFIG GET the RDB save points (see stores.read_persistence)."""
     where = settings.redis.display_url
-    findings = await store_findings("ragflow-valkey", ragflow, where, shared=state is None)
+    findings = await store_findings(
+        "ragflow-valkey", ragflow, where, shared=state is None, read_config=read_config
+    )
     if state is None:
         findings.append(
             Finding(
@@ -39,7 +45,9 @@ async def read_stores(
             )
         )
     else:
-        findings += await store_findings("state-store", state, settings.state.display_url)
+        findings += await store_findings(
+            "state-store", state, settings.state.display_url, read_config=read_config
+        )
     return findings
 
 

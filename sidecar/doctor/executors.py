@@ -103,7 +103,8 @@ async def read_consumers(
                     entries = await client.xpending_range(
                         stream, RAGFLOW_GROUP, "-", "+", min(pending, 1000), consumername=name
                     )
-                    oldest = max(int(e["time_since_delivered"]) for e in entries)
+                    # default: acked between XINFO CONSUMERS and XPENDING (a live executor).
+                    oldest = max((int(e["time_since_delivered"]) for e in entries), default=0)
                 consumers.append(
                     Consumer(
                         stream=stream,

@@ -54,7 +54,9 @@ class DoctorPoller(Poller):
     async def poll(self) -> bool:
         try:
             async with asyncio.timeout(POLL_TIMEOUT_S):
-                findings = await read_stores(self._settings, self._ragflow, self._state)
+                findings = await read_stores(
+                    self._settings, self._ragflow, self._state, read_config=False
+                )
                 executors = await read_executors(self._settings, self._ragflow, self.older_than_ms)
         except (SidecarError, TimeoutError) as exc:
             self.reading = None

@@ -50,13 +50,17 @@ async def _config(client: avalkey.Valkey, name: str) -> str | None:
     return None if value is None else as_text(value)
 
 
-async def read_persistence(client: avalkey.Valkey, where: str) -> Persistence:
+async def read_persistence(
+    client: avalkey.Valkey, where: str, read_config: bool = True
+) -> Persistence:
+    """``read_config`` False: INFO only (run's poller, whose documented ACL grants no CONFIG,
+    which would show the server's password: each refusal would fill Valkey's ACL LOG)."""
     with translate_valkey_errors("read INFO persistence", where):
         info: dict[str, Any] = await client.info("persistence")
     return Persistence(
         aof=str(info.get("aof_enabled", 0)) == "1",
-        appendfsync=await _config(client, "appendfsync"),
-        save=await _config(client, "save"),
+        appendfsync=await _config(client, "appendfsync") if read_config else None,
+        save=await _config(client, "save") if read_config else None,
         changes_since_save=int(info.get("rdb_changes_since_last_save") or 0),
     )
 
@@ -112,12 +116,15 @@ def persistence_finding(role: Role, where: str, persistence: Persistence) -> Fin
         )
         return Finding(check, "ok", where, f"AOF on (appendfsync {fsync}): a restart loses {lost}")
     if persistence.save is None:
+        # AOF off is a risk whatever the save points: a restart loses what changed since the
+        # last snapshot, or everything without one; only which of the two is left untold.
         return Finding(
             check,
-            "unknown",
+            "risk",
             where,
-            "AOF off and the RDB save points unreadable (CONFIG GET refused): a restart may "
-            f"lose {HOLDS[role]}",
+            "AOF off: a restart loses what changed since the last RDB snapshot, or all of "
+            f"{HOLDS[role]} without save points (not read: CONFIG GET refused, or not asked; "
+            f"`ragflow-sidecar doctor` asks): {LOSS[role]}; turn on appendonly yes",
         )
     if persistence.save.strip():
         return Finding(
@@ -138,12 +145,12 @@ def persistence_finding(role: Role, where: str, persistence: Persistence) -> Fin
 
 
 async def store_findings(
-    role: Role, client: avalkey.Valkey, where: str, shared: bool = False
+    role: Role, client: avalkey.Valkey, where: str, shared: bool = False, read_config: bool = True
 ) -> list[Finding]:
     """Eviction and persistence of one server; one ``unknown`` finding when it cannot be read."""
     try:
         memory = await read_memory(client, where)
-        persistence = await read_persistence(client, where)
+        persistence = await read_persistence(client, where, read_config)
     except SidecarError as exc:
         return [Finding(f"{role}.reachable", "unknown", where, str(exc))]
     return [

@@ -28,7 +28,7 @@ from sidecar.errors import (
     SidecarError,
 )
 from sidecar.lifecycle import Lifecycle
-from sidecar.mirror.records import entry_dead_letter, per_stream_headers
+from sidecar.mirror.records import MIRROR_CLAIMED_HEADER, entry_dead_letter, per_stream_headers
 from sidecar.mirror.stats import MirrorStats
 from sidecar.mirror.trace import MirrorBatchTrace, trace_batch
 from sidecar.telemetry.tracing import Tracing
@@ -48,6 +48,7 @@ AfterProduce = Callable[[list[tuple[QueueMessage, OutgoingMessage]]], Awaitable[
 # Turns a planned record into the records actually sent (sidecar.dev.faults, demo and tests only).
 RecordTransform = Callable[[QueueMessage, OutgoingMessage], list[OutgoingMessage]]
 
+CLAIMED = (MIRROR_CLAIMED_HEADER, b"1")
 RAGFLOW_GROUPS = ("rag_flow_svr_task_broker", "rag_flow_svr_consumer_group")
 BACKOFF_INITIAL_S = 0.5
 BACKOFF_MAX_S = 30.0
@@ -227,9 +228,9 @@ class Mirror(Lifecycle):
         stream_headers = self._stream_headers.get(message.topic)
         if stream_headers is None:
             stream_headers = self._stream_headers[message.topic] = per_stream_headers(
-                message.topic, priority
+                message.topic, priority, self.settings.mirror.consumer
             )
-        priority_header, source, retry_count, schema, redis_stream = stream_headers
+        mirror_consumer, priority_header, source, retry_count, schema, redis_stream = stream_headers
         try:
             headers = [
                 ("x-task-type", route.task_type.encode()),
@@ -242,7 +243,10 @@ class Mirror(Lifecycle):
                 schema,
                 redis_stream,
                 ("x-redis-id", message.id.encode()),
+                mirror_consumer,
             ]
+            if message.claimed:
+                headers.append(CLAIMED)
             if not route.key.isascii():
                 route.key.encode()  # the producer encodes it; checked here, where it can be said
         except UnicodeEncodeError as exc:

@@ -8,11 +8,21 @@ from sidecar.transport.message import QueueMessage
 
 MAX_REQUEST_BYTES = 1_048_576  # aiokafka's default max_request_size, kept explicit
 SCHEMA_VERSION = b"1"
+MIRROR_CONSUMER_HEADER = "x-mirror-consumer"
+# On a record of an entry the mirror took over or read again (QueueMessage.claimed): sent after
+# newer entries of its stream, so no order is promised for it.
+MIRROR_CLAIMED_HEADER = "x-mirror-claimed"
 
 
-def per_stream_headers(stream: str, priority: int) -> tuple[tuple[str, bytes], ...]:
-    """The headers every record from ``stream`` carries, built once per stream."""
+def per_stream_headers(
+    stream: str, priority: int, mirror_consumer: str
+) -> tuple[tuple[str, bytes], ...]:
+    """The headers every record from ``stream`` carries, built once per stream.
+
+    ``x-mirror-consumer`` names the mirror that read the entry: one mirror sends a stream's
+    entries in its order, two in one group do not, so per-key order is judged per mirror."""
     return (
+        (MIRROR_CONSUMER_HEADER, mirror_consumer.encode()),
         ("x-priority", str(priority).encode()),
         ("x-source", f"redis:{stream}".encode()),
         ("x-retry-count", b"0"),

@@ -115,7 +115,14 @@ def dead_letter_of(
     )
 
 
-def order_key(message: QueueMessage, stream: str) -> str:
-    """Where per-key order is promised: one partition, one stream, one key."""
+def order_key(message: QueueMessage, stream: str) -> str | None:
+    """Where per-key order is promised: one partition, one stream, one key, one mirror
+    (``x-mirror-consumer``; two mirrors in one group each send their share of a document in
+    stream order, not the document's entries between them). None where nothing promised it:
+    an entry the mirror took over from another or read again (``x-mirror-claimed``) is sent
+    after newer ones of its stream."""
+    if message.header("x-mirror-claimed") is not None:
+        return None
     key = str(message.key or b"", "utf-8", "replace")
-    return f"{message.topic}[{message.partition}]\x00{stream}\x00{key}"
+    mirror = str(message.header("x-mirror-consumer") or b"", "utf-8", "replace")
+    return f"{message.topic}[{message.partition}]\x00{stream}\x00{mirror}\x00{key}"

@@ -114,6 +114,7 @@ class ShadowConsumer(Lifecycle):
             # Static membership only for a stable name: a member that leaves for good does not
             # say so, and a name per pid would hold its partitions for a session timeout.
             group_instance_id=settings.shadow.instance if settings.shadow.stable_instance else None,
+            **settings.shadow.group_timing_ms,
             **(consumer_overrides or {}),
         )
         self._dlq = dlq
@@ -237,7 +238,8 @@ class ShadowConsumer(Lifecycle):
             # the first copy's order stands for both. The copy comes after later entries of
             # its key by nature; taken as a violation, it made a false order mismatch.
             return self._ordered[ref]
-        violation = self._order.observe(order_key(message, ref.stream), ref.entry_id)
+        key = order_key(message, ref.stream)
+        violation = self._order.observe(key, ref.entry_id) if key is not None else None
         after = str(violation.right) if violation is not None else None
         self._ordered[ref] = after
         return after

@@ -38,6 +38,10 @@ class QueueMessage:
     timestamp_ms: int = 0
     key: bytes | None = None
     headers: tuple[tuple[str, bytes], ...] = ()
+    # A Redis entry delivered out of its stream's order: taken over from another consumer
+    # (XAUTOCLAIM) or handed back and read again (XCLAIM after a nack). Newer entries of the
+    # stream may have gone before it.
+    claimed: bool = False
     settler: MessageSettler | None = field(default=None, repr=False, compare=False)
     # Made on first use and kept, by hand: Python 3.11's cached_property takes a lock per
     # first read, which cost more than the parse of a header map (twice a message).

@@ -39,7 +39,11 @@ Entry = tuple[bytes, dict[bytes, bytes] | None]
 
 
 def entry_to_message(
-    stream: str, entry_id: bytes, fields: dict[bytes, bytes], settler: RedisStreamConsumer | None
+    stream: str,
+    entry_id: bytes,
+    fields: dict[bytes, bytes],
+    settler: RedisStreamConsumer | None,
+    claimed: bool = False,
 ) -> QueueMessage:
     """A stream entry as a :class:`QueueMessage`; fields other than ``message`` become headers."""
     text_id = entry_id.decode("ascii")
@@ -61,6 +65,7 @@ def entry_to_message(
         topic=stream,
         timestamp_ms=int(millis) if millis.isdigit() else 0,
         headers=headers,
+        claimed=claimed,
         settler=settler,
     )
 
@@ -325,7 +330,7 @@ class RedisStreamConsumer(ClientOwner, MessageQueueConsumer):
                 )
             for claimed_id, fields in claimed:
                 if fields is not None:
-                    messages.append(entry_to_message(stream, claimed_id, fields, self))
+                    messages.append(entry_to_message(stream, claimed_id, fields, self, True))
         return messages
 
     async def _autoclaim(self, wanted: int) -> list[QueueMessage]:
@@ -353,7 +358,7 @@ class RedisStreamConsumer(ClientOwner, MessageQueueConsumer):
             ]
             for entry_id, fields in entries:
                 if fields is not None:
-                    messages.append(entry_to_message(stream, entry_id, fields, self))
+                    messages.append(entry_to_message(stream, entry_id, fields, self, True))
             if entries:
                 logger.warning(
                     "took over %d entries of %s idle for over %d ms on another consumer",

@@ -28,7 +28,7 @@ from tests.faults.support import (
 )
 from tests.mirror_support import ragflow_tasks, read_mirrored
 
-pytestmark = [pytest.mark.faults, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(420), pytest.mark.kafka39]
 
 REQUEST_TIMEOUT_MS = 2000
 MIRROR_GROUP = "ragflow_kafka_mirror"  # the default MIRROR_GROUP

@@ -21,7 +21,7 @@ from tests.faults.support import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.faults, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(420), pytest.mark.kafka39]
 
 
 async def test_shadow_killed_mid_batch_and_a_second_instance_joins_and_leaves(

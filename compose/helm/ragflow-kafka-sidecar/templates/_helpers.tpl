@@ -84,6 +84,9 @@ release before any pod runs.
 {{- if and (not .Values.redis.url) (not .Values.redis.existingSecret) -}}
 {{- fail "redis.url or redis.existingSecret is required: RAGFlow's Valkey, redis://:<password>@<ragflow-release>-redis:6379/1" -}}
 {{- end -}}
+{{- if and (gt (int .Values.sidecar.replicas) 1) (or .Values.sidecar.instance .Values.sidecar.mirrorConsumer) -}}
+{{- fail "sidecar.instance and sidecar.mirrorConsumer name one process: leave them blank with sidecar.replicas above 1 (each pod then uses its own name)" -}}
+{{- end -}}
 {{- if and .Values.redis.url .Values.redis.existingSecret -}}
 {{- fail "give redis.url or redis.existingSecret, not both" -}}
 {{- end -}}
@@ -141,10 +144,21 @@ the chart derives, and the secrets by reference. One list, so that `run`, `rollo
 - name: COMPARE_RULES
   value: /etc/ragflow-sidecar/compare-rules/{{ .Values.compareRules.key }}
 {{- end }}
-- name: SIDECAR_INSTANCE
-  value: {{ .Values.sidecar.instance | default (include "sidecar.fullname" .) | quote }}
-- name: MIRROR_CONSUMER
-  value: {{ .Values.sidecar.mirrorConsumer | default (include "sidecar.fullname" .) | quote }}
+{{- /*
+The pod's own name unless given: a StatefulSet's pods keep theirs (<release>-0, -1) across
+restarts and rescheduling, so each replica is a static member of the shadow's group and the
+mirror's consumer under one stable name.
+*/}}
+{{- range $name, $value := dict "SIDECAR_INSTANCE" .Values.sidecar.instance "MIRROR_CONSUMER" .Values.sidecar.mirrorConsumer }}
+- name: {{ $name }}
+{{- if $value }}
+  value: {{ $value | quote }}
+{{- else }}
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+{{- end }}
+{{- end }}
 - name: SIDECAR_METRICS_PORT
   value: {{ .Values.metrics.port | quote }}
 - name: SIDECAR_METRICS_HOST
