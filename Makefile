@@ -134,6 +134,8 @@ MIRROR_BENCH_ARGS  ?= --entries 100000
 OUTAGE_BENCH_ARGS  ?=
 DRAIN_BENCH_ARGS   ?= --tasks 200000
 STATE_BENCH_ARGS   ?=
+# State-store bytes per served task (claim, done marker, document evidence), ~1 minute.
+SERVED_STATE_BENCH_ARGS ?=
 E2E_BENCH_ARGS     ?=
 E2E_SATURATION_ARGS ?= --rate 5000 --seconds 60 --warmup-s 60 --handler noop
 SERVE_BENCH_ARGS   ?=
@@ -161,6 +163,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/drain_rss.py $(DRAIN_BENCH_ARGS)
 	@$(LOADAVG)
 	$(BIN)/python bench/state_store_memory.py $(STATE_BENCH_ARGS)
+	@$(LOADAVG)
+	$(BIN)/python bench/served_state_bytes.py $(SERVED_STATE_BENCH_ARGS)
 	@$(LOADAVG)
 	$(BIN)/python bench/e2e_latency.py $(E2E_BENCH_ARGS)
 	@$(LOADAVG)

@@ -37,9 +37,8 @@ PATCHED = ("queue_product", "queue_consumer", "get_unacked_iterator", "queue_inf
 _ENTRY_ID = re.compile(r"^(\d+)-\d+$")
 _CONSUMER_RETRY_S = 5.0
 _CLOSE_TIMEOUT_S = 10.0
+_FIRST_SHARE_READ_S = 0.5
 _BACKLOG_REFRESH_S = 5.0
-# The executors' assignment changes only at a rebalance; a stale one deals less evenly.
-_SPREAD_REFRESH_S = 5.0
 
 
 class Runtime:
@@ -148,26 +147,19 @@ class Runtime:
         with self._lock:
             if self._background:
                 return
-            # Read once before the first decision: after a roll-back the live share may be 0.
-            self.read_share()
             self.loop.spawn(self._refresh_share, "ragflow-mq-share")
             if self.settings.serve.percent > 0:
-                self.loop.spawn(self._refresh_spread, "ragflow-mq-spread")
+                self.loop.spawn(self.spread.keep_refreshing, "ragflow-mq-spread")
             self.loop.spawn(self._flush_evidence, "ragflow-mq-evidence")
             self._background = True
+            # The first decision waits for the first read (0 is served until it answers), but
+            # not past _FIRST_SHARE_READ_S: a store that hangs must not hold RAGFlow's call.
+            self.share.tried.wait(_FIRST_SHARE_READ_S)
 
     async def _refresh_share(self) -> None:
         while True:
-            await asyncio.sleep(self.settings.serve.share_refresh_s)
             await asyncio.to_thread(self.read_share)
-
-    async def _refresh_spread(self) -> None:
-        try:
-            while True:
-                await self.spread.refresh()
-                await asyncio.sleep(_SPREAD_REFRESH_S)
-        finally:
-            await self.spread.close()
+            await asyncio.sleep(self.settings.serve.share_refresh_s)
 
     async def _flush_evidence(self) -> None:
         while True:

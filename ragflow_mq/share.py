@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -82,6 +83,7 @@ class LiveShare:
         self._readable = False  # no read has answered yet: serve 0
         self._outage_at: float | None = None  # time.monotonic() of this outage's first failure
         self._hold_until = 0.0  # time.monotonic(): serve 0 until then, after an outage
+        self.tried = threading.Event()  # set once a first read has answered or failed
         self._vanished: set[str] = set()
         self._garbled: set[str] = set()
 
@@ -101,6 +103,7 @@ class LiveShare:
                 pipe.get(key)
             live_raw, cap_raw = pipe.execute()
         except Exception as exc:
+            self.tried.set()
             self._readable = False
             if not self._read_failed:
                 self._read_failed = True
@@ -111,6 +114,15 @@ class LiveShare:
                     exc,
                 )
             return
+        values = ShareValues(
+            self._value(self._keys.share, live_raw, self.values.live),
+            self._value(self._keys.old_cap, cap_raw, self.values.old_cap),
+        )
+        if values != self.values:
+            logger.info("ragflow_mq: live share now %s, old cap %s", values.live, values.old_cap)
+        # The values, then the hold, then readable: a caller in another thread never sees a
+        # readable share with the values from before this read.
+        self.values = values
         if self._read_failed:
             self._read_failed = False
             self._hold_until = time.monotonic() + RECOVERED_HOLD_S
@@ -121,13 +133,7 @@ class LiveShare:
                 RECOVERED_HOLD_S,
             )
         self._readable = True
-        values = ShareValues(
-            self._value(self._keys.share, live_raw, self.values.live),
-            self._value(self._keys.old_cap, cap_raw, self.values.old_cap),
-        )
-        if values != self.values:
-            logger.info("ragflow_mq: live share now %s, old cap %s", values.live, values.old_cap)
-        self.values = values
+        self.tried.set()
 
     def _value(self, key: str, raw: str | bytes | None, last: float | None) -> float | None:
         if raw is None and last is not None:

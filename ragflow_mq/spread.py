@@ -17,6 +17,7 @@ either (RAGFlow's executors take them concurrently). The record's key is the tas
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections import OrderedDict
@@ -34,6 +35,10 @@ from sidecar.transport.partitioner import murmur2
 logger = logging.getLogger(__name__)
 
 _DOCUMENTS_LIMIT = 100_000  # documents whose turn is remembered at most; the oldest go first
+# The first describe waits this long at most: it is inside the first queue_product's bound.
+_FIRST_READ_S = 0.5
+# The executors' assignment changes only at a rebalance; a stale one deals less evenly.
+_REFRESH_S = 5.0
 
 # topic -> the partitions of each member that reads it (members in id order, partitions sorted)
 Layout = Mapping[str, tuple[tuple[int, ...], ...]]
@@ -87,11 +92,14 @@ class Spread:
         self._tried = False
 
     async def first_read(self) -> None:
-        """Describe the group before the first task is dealt (once: the refresher takes over
-        after; a failure leaves the tasks dealt by partition until it succeeds)."""
+        """Describe the group before the first task is dealt, within ``_FIRST_READ_S`` (once:
+        the refresher takes over after; until it succeeds the tasks are dealt by partition)."""
         if not self._tried:
             self._tried = True
-            await self.refresh()
+            try:
+                await asyncio.wait_for(self.refresh(), _FIRST_READ_S)
+            except TimeoutError:
+                await self.close()
 
     def partition(self, document: str, topic: str, partitions: Sequence[int]) -> int:
         with self._lock:
@@ -107,9 +115,14 @@ class Spread:
         group = self._settings.kafka.consumer_group
         try:
             if self._admin is None:
-                self._admin = AIOKafkaAdminClient(**self._settings.kafka.client_kwargs())
-                with translate_kafka_errors("connect", self._where):
-                    await self._admin.start()
+                admin = AIOKafkaAdminClient(**self._settings.kafka.client_kwargs())
+                try:
+                    with translate_kafka_errors("connect", self._where):
+                        await admin.start()
+                except BaseException:  # failed, or cut short by first_read's bound
+                    await admin.close()
+                    raise
+                self._admin = admin
             with translate_kafka_errors(f"describe the group {group}", self._where):
                 responses = await self._admin.describe_consumer_groups([group])
         except SidecarError as exc:
@@ -122,6 +135,15 @@ class Spread:
         self.layout = layout_of(
             [g for r in responses for g in r.to_object()["groups"] if not g["error_code"]]
         )
+
+    async def keep_refreshing(self) -> None:
+        """``refresh`` every ``_REFRESH_S`` until cancelled (the runtime's loop closing)."""
+        try:
+            while True:
+                await self.refresh()
+                await asyncio.sleep(_REFRESH_S)
+        finally:
+            await self.close()
 
     async def close(self) -> None:
         admin, self._admin = self._admin, None

@@ -113,6 +113,21 @@ async def test_same_key_keeps_order_across_a_batch(
         assert len({m.partition for m in got if m.payload["doc_id"] == doc}) == 1
 
 
+async def test_a_partition_chosen_by_the_caller_wins_over_the_key(
+    settings: Settings, make_topic: MakeTopic
+) -> None:
+    """The served path deals a document's tasks across partitions: the partition it chose
+    is where the record is, one record at a time and in a batch, whatever its key."""
+    topic = await make_topic(4)
+    async with KafkaProducer(settings.kafka) as producer:
+        assert await producer.partitions(topic) == [0, 1, 2, 3]
+        one = await producer.send_many([OutgoingMessage(topic, {"id": "x"}, "k", (), 3)])
+        many = await producer.send_many(
+            [OutgoingMessage(topic, {"id": str(n)}, "k", (), n % 4) for n in range(8)]
+        )
+    assert [o.partition for o in one + many] == [3, 0, 1, 2, 3, 0, 1, 2, 3]  # type: ignore[union-attr]
+
+
 async def test_each_outcome_names_where_its_record_was_stored_across_many_batches(
     settings: Settings, make_topic: MakeTopic, unique: str
 ) -> None:

@@ -3,6 +3,7 @@ sets, and its controls; as a process, killed with -9 and started again."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import signal
@@ -11,9 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import valkey
 
+from ragflow_mq.contract import Keys
 from sidecar.config import Settings
-from sidecar.dev.local_stack import LocalStack
+from sidecar.dev.local_stack import LocalStack, LocalValkey
 from sidecar.errors import ConfigError
 from sidecar.rollout.autopilot import Autopilot
 from sidecar.rollout.machine import GateView, RolloutState
@@ -223,3 +226,44 @@ def _cli(env: dict[str, str], *args: str) -> str:
     )
     assert result.returncode == 0, result.stderr
     return result.stdout
+
+
+def test_abort_while_the_state_store_is_down_waits_for_it_and_lands(
+    stack: LocalStack, unique: str, state_valkey: LocalValkey
+) -> None:
+    """RAGFlow serves 0 by itself while it cannot read the share; `rollout abort` given then
+    says so, waits for the store, and writes 0 (and the order) the moment it answers. With
+    --wait-s 0 it fails at once, naming the store."""
+    env = {**os.environ, **_env(stack, unique), "SIDECAR_STATE_URL": state_valkey.url}
+    state_valkey.stop()
+    failed = subprocess.run(
+        [sys.executable, "-m", "sidecar", "rollout", "abort", "--wait-s", "0"],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert failed.returncode == 2 and "cannot reach Valkey" in failed.stderr, failed.stderr
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "sidecar", "rollout", "abort", "--wait-s", "60"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert waiting.stderr is not None
+        with concurrent.futures.ThreadPoolExecutor(1) as reader:
+            first = reader.submit(waiting.stderr.readline).result(timeout=60)
+        assert "does not answer" in first, first
+        assert waiting.poll() is None, "abort did not wait for the store"
+        state_valkey.start()
+        out, err = waiting.communicate(timeout=30)
+        err = first + err
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+            waiting.wait()
+    assert waiting.returncode == 0, err
+    assert "RAGFlow's processes serve 0 %" in err and err.count("does not answer") == 1, err
+    assert "the served share is 0 now" in out
+    store = valkey.Valkey.from_url(state_valkey.url)
+    try:
+        assert store.get(Keys(unique).share) == b"0"
+        assert store.lrange(f"{unique}:rollout:commands", 0, -1) == [b"abort"]
+    finally:
+        store.close()

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import os
 import re
+import signal
 import threading
 import time
 import uuid
@@ -281,6 +283,33 @@ async def test_a_share_that_cannot_be_read_serves_0_until_the_store_is_back_a_wh
     assert runtime.percent() == 0
     warned = [r for r in caplog.records if "cannot read the live share" in r.getMessage()]
     assert len(warned) == 2, [r.getMessage() for r in warned]
+
+
+async def test_a_state_store_that_hangs_at_start_holds_the_first_call_half_a_second_at_most(
+    stack: LocalStack,
+    unique: str,
+    tmp_path: Path,
+    redis_conn: ModuleType,
+    state_valkey: LocalValkey,
+) -> None:
+    """A store that accepts and never answers (SIGSTOP: a VM stall): the first decision waits
+    for the share's first read only so long, then serves 0 (its task to Redis)."""
+    world = await make_world(stack, unique, tmp_path, KAFKA_SERVE_PERCENT="100")
+    settings = Settings.from_env({**world.env, "SIDECAR_STATE_URL": state_valkey.url})
+    pid = state_valkey.process.pid()
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        assert ragflow_mq.install(settings)
+        started = time.monotonic()
+        assert redis_conn.REDIS_CONN.queue_product(world.streams[1], _tasks(f"{unique}d", 1)[0])
+        took_s = time.monotonic() - started
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert took_s < 1.5, f"the first queue_product took {took_s:.1f} s"
+    client = valkey.Valkey.from_url(stack.valkey.url)
+    assert client.xlen(world.streams[1]) == 1, "not on Redis"
+    client.close()
 
 
 async def test_the_split_factory_sends_served_keys_to_kafka_and_the_rest_to_redis(

@@ -131,7 +131,7 @@ def test_the_served_paths_defaults() -> None:
     assert (serve.enqueue_timeout_ms, serve.breaker_open_s) == (2000, 30.0)
     assert serve.produce_timeout_ms == 10000  # now only the producer's request timeout
     assert serve.max_poll_interval_ms == 3_600_000
-    assert (serve.lease_s, serve.done_ttl_s, serve.sticky_s) == (300.0, 172_800, 10.0)
+    assert (serve.lease_s, serve.done_ttl_s, serve.sticky_s) == (300.0, 43_200, 10.0)
     assert serve.claim_refresh_s == 10.0
     assert not {"SERVE_MAX_ATTEMPTS", "SERVE_REVOKE_WAIT_S"} & set(KNOWN_VARIABLES)
 

@@ -50,7 +50,10 @@ class ServeSettings:
     # How often a process refreshes its liveness and asserts its claims in hand again (a
     # store that restarted or evicted one has it back within this).
     claim_refresh_s: float = 10.0
-    done_ttl_s: int = 2 * 86400  # how long a finished task's id skips later records of it
+    # How long a finished task's id skips later records of it: RAGFlow's longest task (3 h,
+    # do_handle_task's timeout; a record behind it in its partition stays uncommitted that
+    # long) and a night's executors' outage on top (docs/operations.md, "Sizing").
+    done_ttl_s: int = 12 * 3600
     sticky_s: float = 10.0  # a key's path is kept this long from the decision (not refreshed)
     evidence_flush_s: float = 2.0  # per-path counts are written to Valkey at this pace
     key_prefix: str = "ragflow_mq"  # of the live share, evidence, claims and done markers
