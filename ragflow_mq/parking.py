@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ragflow_mq.claims import Claim, Claims
-from ragflow_mq.evidence import Recorder
 from ragflow_mq.hand import Hand, KafkaTask, queue_of
+from ragflow_mq.recorder import Recorder
 from sidecar.errors import SidecarError
 from sidecar.transport.kafka import KafkaConsumer
 from sidecar.transport.message import QueueMessage

@@ -18,18 +18,18 @@ import valkey
 from ragflow_mq.backlog import ServedBacklog
 from ragflow_mq.callers import Callers
 from ragflow_mq.consumer import ServeConsumer
-from ragflow_mq.contract import Keys
-from ragflow_mq.evidence import Recorder, write
 from ragflow_mq.failures import watch_failures
 from ragflow_mq.hand import KafkaTask
 from ragflow_mq.loop import BackgroundLoop
 from ragflow_mq.producer import ServeProducer
+from ragflow_mq.recorder import Recorder, write
 from ragflow_mq.redis_task import RedisTask
 from ragflow_mq.share import LiveShare
 from ragflow_mq.spread import Spread
 from sidecar.config import Settings
 from sidecar.config.routing import RouteTable
 from sidecar.transport.valkey_client import SOCKET_TIMEOUT_S, create_client
+from sidecar.wire.contract import Keys
 
 logger = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ragflow_mq.claims import Claims
-from ragflow_mq.evidence import Recorder
 from ragflow_mq.hand import Hand, KafkaTask, queue_of
 from ragflow_mq.pending import decode_entry, encode_entry
+from ragflow_mq.recorder import Recorder
 from ragflow_mq.store_health import read_facts, read_identity, say_risks
 from sidecar.config import Settings
 from sidecar.errors import MessageDecodeError, SidecarError

@@ -10,14 +10,14 @@ from typing import Any, cast
 
 import valkey.asyncio as avalkey
 
-from ragflow_mq.contract import Keys
-from ragflow_mq.evidence import Recorder, write
+from ragflow_mq.recorder import Recorder, write
 from sidecar.config import Settings
 from sidecar.dev.local_stack import LocalStack
 from sidecar.serve.gate_source import SETTLED_MINUTES, Following, OneLook
 from sidecar.transport import KafkaProducer
 from sidecar.verdicts.model import VerdictRecord
 from sidecar.verdicts.reader import VerdictFollower, VerdictReadStats
+from sidecar.wire.contract import Keys
 
 
 async def _hgetall_calls(client: avalkey.Valkey) -> int:

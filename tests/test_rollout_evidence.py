@@ -12,14 +12,14 @@ from pathlib import Path
 
 import valkey.asyncio as avalkey
 
-from ragflow_mq.contract import Keys
-from ragflow_mq.evidence import Recorder, write
+from ragflow_mq.recorder import Recorder, write
 from sidecar.config import Settings
 from sidecar.dev.local_stack import LocalStack
 from sidecar.rollout.autopilot import Autopilot
 from sidecar.rollout.machine import Decision, RolloutState
 from sidecar.rollout.store import RolloutKeys
 from sidecar.transport.topics import init_topics
+from sidecar.wire.contract import Keys
 from tests.ragflow_support import wait_until
 from tests.rollout_support import start_autopilot
 

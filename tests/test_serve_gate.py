@@ -8,12 +8,12 @@ from pathlib import Path
 
 import valkey.asyncio as avalkey
 
-from ragflow_mq.contract import Keys
 from sidecar.config import Settings
 from sidecar.dev.local_stack import LocalStack
 from sidecar.serve.gate import collect
 from sidecar.serve.gate_checks import HOLD, PROMOTE, ROLLBACK
 from sidecar.transport.topics import init_topics
+from sidecar.wire.contract import Keys
 from tests.ragflow_support import read_produced, wait_until
 from tests.serve_support import ServeWorld, by_path, make_world
 

@@ -9,7 +9,7 @@ each (Bonferroni), each answered with an e-value, an effect estimate and the tas
 - ``processing`` and ``queue_wait``: the whole latency distribution slower on Kafka, one
   sample a document (its first finished task's processing, its first started task's wait).
 
-Failures and latencies are counted by document (``ragflow_mq.contract.DOCUMENT_EVENTS``):
+Failures and latencies are counted by document (``sidecar.wire.contract.DOCUMENT_EVENTS``):
 a document's tasks all take one path and share its fate, a broken PDF failing every page
 range, a large one slow in all of them. Counted by task, ten failures of one document on the
 Kafka path read as ten independent ones, and the tests, built on independent units, rolled a
@@ -34,7 +34,6 @@ from typing import Any, Final, Literal
 
 import numpy as np
 
-from ragflow_mq.evidence import Evidence, histograms
 from sidecar.serve import histograms as hist
 from sidecar.serve.sequential import (
     COUNT_MIXTURE,
@@ -49,6 +48,7 @@ from sidecar.serve.sequential import (
     tilt_estimate,
     tilt_log_ratios,
 )
+from sidecar.wire.evidence import Evidence, histograms
 
 COUNT_TESTS: Final = ("failed", "retried", "dead_lettered")
 LATENCY_TESTS: Final = ("processing", "queue_wait")

@@ -64,6 +64,9 @@ EVIDENCE_TTL_S: Final = 2 * 86400
 # 150 bytes of the state store a document.
 DOCUMENT_TTL_S: Final = 12 * 3600
 DEFAULT_KEY_PREFIX: Final = "ragflow_mq"
+# A task's done marker when Redis has it (diverted before it was enqueued there, or handed back
+# by drain-to-redis): no Kafka record of it may run.
+REDIS_MARKER: Final = "redis"
 
 
 class Keys:
