@@ -104,7 +104,7 @@ class Parking:
                 self.parked[message.id] = (message, task)
             else:
                 if outcome is Claim.RETAKEN:
-                    self._recorder.count("kafka", "retried")
+                    # Counted as retried when RAGFlow takes it (Runtime.handed_out).
                     logger.info("served task %s taken over from a gone executor", task_id)
                 retaken = outcome is Claim.RETAKEN
                 waiting = KafkaTask(message, task, self._on_ack, retaken=retaken)

@@ -2,8 +2,9 @@
 
 RAGFlow's API server and executors record what their queue calls see (``Recorder``, cheap and
 thread-safe, flushed every few seconds in one pipeline); the sidecar's ``gate`` and metrics
-read a window back (``Evidence``). Minute buckets make any window up to two days answerable
-without a time-series database; the ``total`` hash gives monotonic counters for Prometheus.
+read a window back (``sidecar.wire.evidence``). Minute buckets make any window up to two days
+answerable without a time-series database; the ``total`` hash gives monotonic counters for
+Prometheus.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from sidecar.wire.contract import (
+    ATTRIBUTION_MINUTES,
     BUCKETS_MS,
     DOCUMENT_TTL_S,
     EVIDENCE_TTL_S,
@@ -29,26 +31,37 @@ from sidecar.wire.contract import (
 
 
 @dataclass(frozen=True)
-class First:
-    """A task's event that counts for its document only if it is the document's first of that
-    event on its path: decided in the state store when written (``write``)."""
+class DocumentEvent:
+    """An event of a document on its path, filed under the minute the document started there
+    (``ATTRIBUTION_MINUTES``). A first event (started, finished, failed: ``once``) counts as
+    ``document_<event>`` only if it is the document's first such event on its path, decided in
+    the state store when written (``write``); a task event (retried) counts every time."""
 
     path: str
-    event: str  # a task event: started, finished, failed
+    event: str
     document: str
     latency: str | None = None  # the document latency it is a sample of, with ``ms``
     ms: float = 0.0
+    once: bool = True
+
+    def fields(self) -> tuple[str, str, str]:
+        """The document's field that makes it count once ('' for every time), the field that
+        holds the minute it started on its path, and the count it adds to."""
+        start = f"{self.path}:started"
+        if not self.once:
+            return "", start, count_field(self.path, self.event)
+        return f"{self.path}:{self.event}", start, count_field(self.path, f"document_{self.event}")
 
 
 @dataclass
 class Pending:
-    """What a recorder holds for one write, by minute: counts, and documents' first events."""
+    """What a recorder holds for one write, by minute: counts, and documents' events."""
 
     counts: dict[int, Counter[str]] = field(default_factory=dict)
-    firsts: dict[int, list[First]] = field(default_factory=dict)
+    documents: dict[int, list[DocumentEvent]] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.counts or self.firsts)
+        return bool(self.counts or self.documents)
 
 
 class Recorder:
@@ -57,7 +70,7 @@ class Recorder:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._pending: dict[int, Counter[str]] = {}
-        self._firsts: dict[int, list[First]] = {}
+        self._documents: dict[int, list[DocumentEvent]] = {}
 
     def count(self, path: str, event: Event, n: int = 1, at_s: float | None = None) -> None:
         with self._lock:
@@ -82,10 +95,20 @@ class Recorder:
     ) -> None:
         """A task's ``event`` (started, finished, failed) for its ``document``: counted as
         ``document_<event>``, and ``ms`` as a sample of ``document_<latency>``, if it is the
-        document's first such event on ``path``."""
+        document's first such event on ``path``; finished and failed under the minute the
+        document started on ``path``."""
+        self._document(DocumentEvent(path, event, document, latency, ms), at_s)
+
+    def of_document(
+        self, path: str, event: Event, document: str, at_s: float | None = None
+    ) -> None:
+        """A task's ``event`` (retried) counted under the minute its document started on
+        ``path``, every time."""
+        self._document(DocumentEvent(path, event, document, once=False), at_s)
+
+    def _document(self, event: DocumentEvent, at_s: float | None) -> None:
         with self._lock:
-            minute = _minute_of(at_s)
-            self._firsts.setdefault(minute, []).append(First(path, event, document, latency, ms))
+            self._documents.setdefault(_minute_of(at_s), []).append(event)
 
     def _minute(self, at_s: float | None) -> Counter[str]:
         minute = _minute_of(at_s)
@@ -97,8 +120,8 @@ class Recorder:
     def drain(self) -> Pending:
         """What was recorded since the last drain; the recorder starts empty."""
         with self._lock:
-            pending = Pending(self._pending, self._firsts)
-            self._pending, self._firsts = {}, {}
+            pending = Pending(self._pending, self._documents)
+            self._pending, self._documents = {}, {}
         return pending
 
     def restore(self, pending: Pending) -> None:
@@ -106,30 +129,49 @@ class Recorder:
         with self._lock:
             for minute, counts in pending.counts.items():
                 self._pending.setdefault(minute, Counter()).update(counts)
-            for minute, firsts in pending.firsts.items():
-                self._firsts.setdefault(minute, []).extend(firsts)
+            for minute, events in pending.documents.items():
+                self._documents.setdefault(minute, []).extend(events)
 
 
 def _minute_of(at_s: float | None) -> int:
     return int((time.time() if at_s is None else at_s) // 60)
 
 
-# KEYS: the minute's hash, the totals' hash, then one document key per first event. ARGV: the
-# documents' TTL, the minute's TTL, then per first event its field in the document's hash and
-# the fields it adds to (its count; its bucket and sum or two empty strings) and its ms. A
-# document's first events and the counts they add are written together or not at all.
-_FIRSTS_SCRIPT: Final = """
+# KEYS: the minute's hash, the totals' hash, then one document key per event. ARGV: the
+# documents' TTL, the minutes' TTL, the minute keys' prefix, the minute, the oldest minute an
+# event may be filed under, then per event its once-field ('' to count every time), the field
+# holding the minute its document started on its path, the fields it adds to (its count; its
+# bucket and sum or two empty strings) and its ms. A document's start is stored as its minute;
+# an older build stored '1', which is outside any horizon. Evidence keys are named by the
+# script (a standalone state store, as RAGFlow's is; not a cluster's hash slots).
+_DOCUMENTS_SCRIPT: Final = """
+local now, oldest = tonumber(ARGV[4]), tonumber(ARGV[5])
 local counted = 0
 for i = 3, #KEYS do
-  local a = 3 + (i - 3) * 5
-  if redis.call('HSETNX', KEYS[i], ARGV[a], '1') == 1 then
-    redis.call('EXPIRE', KEYS[i], ARGV[1])
+  local a = 6 + (i - 3) * 6
+  local once, start = ARGV[a], ARGV[a + 1]
+  local fresh = true
+  if once ~= '' then
+    local value = '1'
+    if once == start then value = ARGV[4] end
+    fresh = redis.call('HSETNX', KEYS[i], once, value) == 1
+    if fresh then redis.call('EXPIRE', KEYS[i], ARGV[1]) end
+  end
+  if fresh then
     counted = counted + 1
-    for _, key in ipairs({KEYS[1], KEYS[2]}) do
-      redis.call('HINCRBY', key, ARGV[a + 1], 1)
-      if ARGV[a + 2] ~= '' then
-        redis.call('HINCRBY', key, ARGV[a + 2], 1)
-        redis.call('HINCRBY', key, ARGV[a + 3], ARGV[a + 4])
+    local minute = KEYS[1]
+    if once ~= start then
+      local began = tonumber(redis.call('HGET', KEYS[i], start))
+      if began and began < now and began >= oldest then
+        minute = ARGV[3] .. began
+        redis.call('EXPIRE', minute, ARGV[2])
+      end
+    end
+    for _, key in ipairs({minute, KEYS[2]}) do
+      redis.call('HINCRBY', key, ARGV[a + 2], 1)
+      if ARGV[a + 3] ~= '' then
+        redis.call('HINCRBY', key, ARGV[a + 3], 1)
+        redis.call('HINCRBY', key, ARGV[a + 4], ARGV[a + 5])
       end
     end
   end
@@ -149,31 +191,32 @@ def write(pipe: object, keys: Keys, pending: Pending) -> None:
             pipe.hincrby(key, name, n)  # type: ignore[attr-defined]
             pipe.hincrby(keys.evidence_total, name, n)  # type: ignore[attr-defined]
         pipe.expire(key, EVIDENCE_TTL_S)  # type: ignore[attr-defined]
-    for minute, firsts in pending.firsts.items():
-        documents, args = [], []
-        for first in firsts:
-            documents.append(keys.document(first.document))
-            args += [
-                f"{first.path}:{first.event}",
-                count_field(first.path, f"document_{first.event}"),
-            ]
-            if first.latency is None:
+    for minute, events in pending.documents.items():
+        documents: list[str] = []
+        args: list[str] = []
+        for event in events:
+            documents.append(keys.document(event.document))
+            args += event.fields()
+            if event.latency is None:
                 args += ["", "", "0"]
             else:
-                latency = f"document_{first.latency}"
-                index = bisect.bisect_left(BUCKETS_MS, first.ms)
+                latency = f"document_{event.latency}"
+                index = bisect.bisect_left(BUCKETS_MS, event.ms)
                 args += [
-                    bucket_field(first.path, latency, index),
-                    sum_field(first.path, latency),
-                    str(max(int(first.ms), 0)),
+                    bucket_field(event.path, latency, index),
+                    sum_field(event.path, latency),
+                    str(max(int(event.ms), 0)),
                 ]
         pipe.eval(  # type: ignore[attr-defined]
-            _FIRSTS_SCRIPT,
+            _DOCUMENTS_SCRIPT,
             2 + len(documents),
             keys.evidence(minute),
             keys.evidence_total,
             *documents,
             DOCUMENT_TTL_S,
             EVIDENCE_TTL_S,
+            keys.evidence_minute,
+            minute,
+            minute - ATTRIBUTION_MINUTES,
             *args,
         )

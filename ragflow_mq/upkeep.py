@@ -106,7 +106,6 @@ class Upkeep:
             except (ValueError, KeyError, MessageDecodeError) as exc:
                 logger.error("pending served task %s cannot be read, left as is: %s", task_id, exc)
                 continue
-            self._recorder.count("kafka", "retried")
             logger.info("served task %s taken back from its consumer's pending list", task_id)
             waiting = KafkaTask(message, task, self._on_ack, retaken=True, replayed=True)
             self._hand.wait(queue_of(message), waiting)

@@ -15,7 +15,10 @@ range, a large one slow in all of them. Counted by task, ten failures of one doc
 Kafka path read as ten independent ones, and the tests, built on independent units, rolled a
 healthy shift back (6 % to 33 % of A/A rollouts with 0.5 % to 2 % of documents failing whole,
 ``bench/gate_calibration.py``). Retries and dead letters stay per task: a retry follows an
-executor's death, not its document, and a dead letter has no decodable document.
+executor's death, not its document, and a dead letter has no decodable document. Outcomes and
+retries are filed under the minute their document started on its path
+(``sidecar.wire.contract.ATTRIBUTION_MINUTES``), so each minute's events are its own
+documents'.
 
 A test rolls back once its e-value reaches ``1 / alpha_i`` (``alpha_i = GATE_ALPHA / 5``): the
 five together roll a healthy shift back with probability at most ``GATE_ALPHA``, however long
