@@ -121,6 +121,11 @@ def test_what_ragflow_loads_stands_on_the_wire_layer_only() -> None:
         "assert not above, above\n"
         "assert any(m.startswith('sidecar.wire') for m in rooms), sorted(rooms)\n"
     )
+    _python(code)
+
+
+def _python(code: str) -> None:
+    """Run ``code`` in a fresh interpreter from the checkout; its assertions must hold."""
     run = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
         check=False,
@@ -148,8 +153,4 @@ def test_the_public_api_loads_on_first_use() -> None:
         "    assert getattr(sidecar, name) is not None, name\n"
         "assert sidecar.Settings is __import__('sidecar.config').config.Settings\n"
     )
-    run = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
-        check=False,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr
+    _python(code)
