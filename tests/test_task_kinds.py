@@ -45,6 +45,7 @@ _DATAFLOW = {"id": "t-df", "doc_id": "d3", "kb_id": "kb1", "tenant_id": "tn", "d
 SAMPLES: dict[str, dict[str, Any]] = {
     "parse": {"id": "t-p", "doc_id": "d1", "from_page": 0, "to_page": 12},
     "dataflow": {**_DATAFLOW, "task_type": "dataflow", "file": None},
+    "dataflow_rerun": {**_DATAFLOW, "task_type": "dataflow_rerun", "file": None},
     "dataflow*": {**_DATAFLOW, "task_type": "dataflow_preview"},
     "graphrag": {**_DATASET, "task_type": "graphrag"},
     "raptor": {"id": "t-r", "doc_id": "d5", "task_type": "raptor", "doc_ids": ["d5"]},

@@ -86,6 +86,8 @@ def _dataset(pattern: str) -> TaskKindRow:
 TASK_KINDS: tuple[TaskKindRow, ...] = (
     _row(PARSE, PARSE_TOPIC, "parse", "doc_id", "pages"),
     _row("dataflow", DATAFLOW_TOPIC, "dataflow", "doc_id", "dataflow"),
+    # queue_dataflow(rerun=True), from POST /agents/rerun: one document's pipeline again.
+    _row("dataflow_rerun", DATAFLOW_TOPIC, "dataflow", "doc_id", "dataflow"),
     _row("dataflow*", DATAFLOW_TOPIC, "dataflow", "doc_id", "dataflow"),
     # queue_raptor_o_graphrag_tasks's eleven; raptor is also queued per document, with its
     # real doc id (queue_per_doc_raptor_task).
