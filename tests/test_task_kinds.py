@@ -24,7 +24,7 @@ from sidecar.config.task_kinds import (
     Kind,
     TaskKind,
     TaskKindRow,
-    _checked,
+    checked_rows,
 )
 from sidecar.shadow.dry_run import CHECKS, ragflow_dry_run
 from sidecar.shadow.meta import TaskMeta
@@ -160,7 +160,7 @@ def test_the_task_topics_of_transport_are_the_tables() -> None:
 )  # fmt: skip
 def test_a_table_that_contradicts_itself_is_refused(change: Any, problem: str) -> None:
     with pytest.raises(ValueError, match=problem):
-        _checked(change(TASK_KINDS))
+        checked_rows(change(TASK_KINDS))
 
 
 def test_an_override_wins_over_the_built_in_names_it_covers() -> None:

@@ -130,7 +130,7 @@ class PatternMap(Generic[V]):
         return None
 
 
-def _checked(rows: tuple[TaskKindRow, ...]) -> tuple[TaskKindRow, ...]:
+def checked_rows(rows: tuple[TaskKindRow, ...]) -> tuple[TaskKindRow, ...]:
     """The rows, or a ValueError naming the first one that contradicts another."""
     patterns = [row.pattern for row in rows]
     if len(set(patterns)) != len(patterns):
@@ -153,9 +153,9 @@ def _checked(rows: tuple[TaskKindRow, ...]) -> tuple[TaskKindRow, ...]:
     return rows
 
 
-_checked(TASK_KINDS)
+checked_rows(TASK_KINDS)
 
-KIND_OF_TYPE: PatternMap[TaskKindRow] = PatternMap((row.pattern, row) for row in TASK_KINDS)
+ROW_OF_TYPE: PatternMap[TaskKindRow] = PatternMap((row.pattern, row) for row in TASK_KINDS)
 # The names RAGFlow queues per dataset (its PIPELINE_SPECIAL_PROGRESS_FREEZE_TASK_TYPES).
 DATASET_WIDE_TYPES = frozenset(row.pattern for row in TASK_KINDS if row.dataset_wide)
 # Every task topic of the table, and the priority parse topic, with the kind of its tasks.

@@ -13,8 +13,8 @@ from sidecar.config.task_kinds import (
     CANVAS_DEBUG_DOC_ID,
     DATASET_WIDE_TYPES,
     FAKE_DOC_ID,
-    KIND_OF_TYPE,
     PARSE,
+    ROW_OF_TYPE,
     DryRunCheck,
     TaskKind,
     TaskKindRow,
@@ -130,8 +130,8 @@ def _row(task_type: str | None, fake_doc: bool, problems: set[str]) -> TaskKindR
             # collect() indexes task_type for fake-doc messages: a KeyError when it is absent.
             problems.add("missing:task_type")
             return None
-        return KIND_OF_TYPE.get(PARSE)
-    row = KIND_OF_TYPE.get(task_type)
+        return ROW_OF_TYPE.get(PARSE)
+    row = ROW_OF_TYPE.get(task_type)
     if row is None or row.pattern == PARSE:
         # The executor would run an unknown type as standard chunking; flag it instead. RAGFlow
         # writes no task_type on a parse task, never "parse" itself.
