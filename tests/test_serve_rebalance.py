@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from ragflow_mq import consumer as consumer_module
+from ragflow_mq import runtime
 from ragflow_mq.consumer import ServeConsumer
 from ragflow_mq.contract import Keys
 from ragflow_mq.evidence import Recorder
@@ -216,6 +217,43 @@ async def test_a_record_claimed_while_its_task_is_marked_done_is_not_run_again(
         assert await store.exists(keys.done(task["id"])) == 1
     finally:
         await member.stop()
+        await store.aclose()
+
+
+async def test_a_task_deaf_to_its_cancel_does_not_keep_the_stopped_executor_in_the_group(
+    stack: LocalStack, unique: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under load one of the consumer's tasks can outlast its cancel (an await that finishes
+    what it started): the stop waits for it a bounded while, then still leaves the group
+    within Runtime's close budget. Waiting for it unbounded spent the budget before the
+    LeaveGroup, the group kept a dead member, and drain-to-redis was refused."""
+    world = await make_world(stack, unique, tmp_path, KAFKA_SERVE_PERCENT="100")
+    settings = world.settings()
+    routes, keys = RouteTable(settings.mirror.routes), Keys(unique)
+    store = create_client(settings.state)
+    member = ServeConsumer(settings, routes, keys, store, Recorder(), "task_executor_common_d_0")
+    released = asyncio.Event()
+
+    async def deaf(self: Any, commit_past: Any) -> None:
+        while not released.is_set():
+            try:
+                await released.wait()
+            except asyncio.CancelledError:
+                continue  # not ours to honour: it ends when the test lets it
+
+    monkeypatch.setattr(consumer_module.Upkeep, "run_given_up", deaf)
+    stopping: asyncio.Task[None] | None = None
+    try:
+        await member.start()
+        await world.wait_members(1)
+        stopping = asyncio.create_task(member.stop())
+        done, _ = await asyncio.wait({stopping}, timeout=runtime._CLOSE_TIMEOUT_S)
+        assert await world.member_ids() == set(), "the stopped executor is still a member"
+        assert stopping in done, "the stop overran the close budget"
+    finally:
+        released.set()
+        if stopping is not None:
+            await stopping
         await store.aclose()
 
 
