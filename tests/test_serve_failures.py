@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 from collections import Counter
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ import valkey.asyncio as avalkey
 
 from ragflow_mq.contract import Keys
 from sidecar.dev.local_stack import LocalStack, LocalValkey
-from tests.conftest import free_port
+from tests.conftest import own_valkey
 from tests.ragflow_support import assert_exactly_once, read_produced, wait_until
 from tests.serve_support import ServeWorld, by_path, make_world
 
@@ -116,13 +115,8 @@ async def test_an_executor_frozen_60_s_mid_task_keeps_its_tasks(
 @pytest.fixture
 def state_store(tmp_path: Path) -> Iterator[LocalValkey]:
     """A state store of the test's own, without persistence (RAGFlow's compose runs so)."""
-    server = LocalValkey(tmp_path / "state", free_port())
-    server.start()
-    try:
+    with own_valkey(tmp_path / "state") as server:
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(tmp_path / "state", ignore_errors=True)
 
 
 async def test_the_state_store_restarted_without_persistence_mid_task_runs_nothing_twice(

@@ -19,11 +19,11 @@ from ragflow_mq.hand import KafkaTask
 from ragflow_mq.producer import served_headers
 from sidecar.config import Settings
 from sidecar.config.routing import Route, RouteTable
-from sidecar.dev.local_stack import LocalStack, LocalValkey
+from sidecar.dev.local_stack import LocalStack
 from sidecar.transport.kafka import KafkaProducer
 from sidecar.transport.partitioner import key_partition
 from sidecar.transport.valkey_client import create_client
-from tests.conftest import free_port
+from tests.conftest import own_valkey
 from tests.ragflow_support import wait_until
 from tests.serve_support import ServeWorld, make_world
 
@@ -313,44 +313,44 @@ async def test_records_fetched_while_the_state_store_is_down_are_parked_within_t
     """Nobody can tell where a task runs while the store is away: the fetched records are
     parked, no more than RAGFlow's slots, with one warning for the outage; once the store is
     back every task is handed out once."""
-    server = LocalValkey(tmp_path / "state", free_port())
-    server.start()
-    world = await make_world(
-        stack, unique, tmp_path, KAFKA_SERVE_PERCENT="100", SIDECAR_STATE_URL=server.url
-    )
-    settings = world.settings(SIDECAR_STATE_URL=server.url)
-    routes, keys = RouteTable(settings.mirror.routes), Keys(unique)
-    queue = world.streams[1]
-    store = create_client(settings.state)
-    member = ServeConsumer(settings, routes, keys, store, Recorder(), "task_executor_common_o_0")
-    taken: Counter[str] = Counter()
-    try:
-        await member.start()
-        server.stop()
-        ids: set[str] = set()
-        async with KafkaProducer(settings.kafka, linger_ms=0) as producer:
-            for n in range(20):
-                task = {"id": f"{unique}-{n}", "doc_id": f"{unique}-d{n}", "from_page": 0}
-                route = routes.route(task, 0)
-                headers = served_headers(queue, task, route)
-                await producer.send(route.topic, task, key=route.key, headers=headers)
-                ids.add(task["id"])
-        await asyncio.sleep(6)
-        assert member.take(queue) is None
-        assert member.parked() <= settings.serve.prefetch, member.parked()
-        server.start()
+    with own_valkey(tmp_path / "state") as server:
+        world = await make_world(
+            stack, unique, tmp_path, KAFKA_SERVE_PERCENT="100", SIDECAR_STATE_URL=server.url
+        )
+        settings = world.settings(SIDECAR_STATE_URL=server.url)
+        routes, keys = RouteTable(settings.mirror.routes), Keys(unique)
+        queue = world.streams[1]
+        store = create_client(settings.state)
+        member = ServeConsumer(
+            settings, routes, keys, store, Recorder(), "task_executor_common_o_0"
+        )
+        taken: Counter[str] = Counter()
+        try:
+            await member.start()
+            server.stop()
+            ids: set[str] = set()
+            async with KafkaProducer(settings.kafka, linger_ms=0) as producer:
+                for n in range(20):
+                    task = {"id": f"{unique}-{n}", "doc_id": f"{unique}-d{n}", "from_page": 0}
+                    route = routes.route(task, 0)
+                    headers = served_headers(queue, task, route)
+                    await producer.send(route.topic, task, key=route.key, headers=headers)
+                    ids.add(task["id"])
+            await asyncio.sleep(6)
+            assert member.take(queue) is None
+            assert member.parked() <= settings.serve.prefetch, member.parked()
+            server.start()
 
-        def take_all() -> bool:
-            while (task := member.take(queue)) is not None:
-                taken[task.task_id] += 1
-                task.ack()
-            return ids <= taken.keys()
+            def take_all() -> bool:
+                while (task := member.take(queue)) is not None:
+                    taken[task.task_id] += 1
+                    task.ack()
+                return ids <= taken.keys()
 
-        await wait_until(take_all, 60, interval_s=0.1, what="every task handed out")
-    finally:
-        await member.stop()
-        await store.aclose()
-        server.stop()
+            await wait_until(take_all, 60, interval_s=0.1, what="every task handed out")
+        finally:
+            await member.stop()
+            await store.aclose()
     assert taken == Counter(dict.fromkeys(ids, 1)), taken
     outage = [r for r in caplog.records if "cannot be reached" in r.getMessage()]
     assert len(outage) == 1, [r.getMessage() for r in outage]
