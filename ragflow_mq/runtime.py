@@ -251,13 +251,13 @@ class Runtime:
             raise
         return consumer
 
-    def handed_out(self, path: str, task: KafkaTask | RedisTask, task_id: Any) -> None:
+    def handed_out(self, path: str, task: KafkaTask | RedisTask) -> None:
         """RAGFlow holds ``task`` now: its slot is taken, its document may start here."""
-        message = task.get_message()
-        document = self.routes.route(message, 0).key if isinstance(message, dict) else str(task_id)
+        message, task_id = task.get_message(), str(task.task_id)
+        document = self.routes.route(message, 0).key if isinstance(message, dict) else task_id
         with self._lock:
-            previous = self._held.get(str(task_id))
-            self._held[str(task_id)] = (path, document)
+            previous = self._held.get(task_id)
+            self._held[task_id] = (path, document)
             self._held_on_redis += (path == "redis") - (
                 previous is not None and previous[0] == "redis"
             )
@@ -269,10 +269,7 @@ class Runtime:
     def _gave_up(self, task: KafkaTask | RedisTask) -> None:
         """RAGFlow dropped ``task`` unacked: its slot is free. A Redis entry stays pending in
         Redis; a served task is kept pending for this consumer name in the state store."""
-        message = task.get_message()
-        task_id = task.task_id if isinstance(task, KafkaTask) else (
-            message.get("id") if isinstance(message, dict) else None
-        )  # fmt: skip
+        task_id = task.task_id
         self._let_go(str(task_id))
         if isinstance(task, KafkaTask):
             if self.consumer is not None:
@@ -295,9 +292,8 @@ class Runtime:
         processing_ms = (time.time() - task.handed_out_s) * 1000
         self.recorder.count(path, "finished")
         self.recorder.observe(path, "processing", processing_ms)
-        message = task.get_message()
-        if isinstance(message, dict):
-            self._finished_document(self._let_go(str(message.get("id"))), processing_ms)
+        if task.task_id is not None:
+            self._finished_document(self._let_go(task.task_id), processing_ms)
         if self.consumer is not None:
             self.consumer.wake()  # the slot it held may take a served task now
 
@@ -329,9 +325,8 @@ class Runtime:
         if match:
             task.queue_wait_ms = time.time() * 1000 - int(match[1])
             self.recorder.observe("redis", "queue_wait", task.queue_wait_ms)
-        body = task.get_message()
-        if isinstance(body, dict):
-            self.handed_out("redis", task, body.get("id"))
+        if task.task_id is not None:
+            self.handed_out("redis", task)
         return task
 
     def kafka_first(self, queue: str) -> bool:
