@@ -70,11 +70,13 @@ return out
 
 # KEYS: claim_1, done_1, ..., pending hash (last); ARGV: owner, done ttl_s, task ids... Done
 # whoever holds the claim now: the task ran to its ack here, and no record of it may run again.
+# Every reader (the claims, the pending lists, drain-to-redis) asks only whether a marker exists,
+# so it holds "1", not the owner's ~40 bytes paid a task for SERVE_DONE_TTL_S.
 FINISH: Final = """
 local n = (#KEYS - 1) / 2
 for i = 1, n do
   local claim, done = KEYS[2 * i - 1], KEYS[2 * i]
-  redis.call('SET', done, ARGV[1], 'EX', ARGV[2])
+  redis.call('SET', done, '1', 'EX', ARGV[2])
   if redis.call('GET', claim) == ARGV[1] then redis.call('DEL', claim) end
   redis.call('HDEL', KEYS[#KEYS], ARGV[2 + i])
 end
