@@ -137,13 +137,28 @@ return 1
 # tasks this process may run: its own consumer name's (a restart replays them, as Redis replays
 # a consumer's pending entries), then those of consumer names whose holder is gone, moved to
 # this name's list. Done ones are dropped. Returns task id, entry pairs.
+# Another name's list is read only when the process now under that name is gone (its lease
+# lapsed, or no incarnation left): a live one holds and re-asserts the claims of every task it
+# gave up on, so none of its list is free to others, and reading every list at every refresh
+# cost each executor a pass over all of them. What a live name's list holds from its earlier
+# incarnation that name's own process takes back, as Redis replays a consumer's entries.
 ADOPT: Final = (
     _GONE
     + """
+local function live_name(name, alive_prefix, incarnation_prefix)
+  local current = redis.call('GET', incarnation_prefix .. name)
+  return current and redis.call('EXISTS', alive_prefix .. name .. '|' .. current) == 1
+end
 local out, taken = {}, 0
 local mine = ARGV[7] .. ARGV[2]
-local names = redis.call('SMEMBERS', KEYS[1])
-table.sort(names, function(a, b) return (a == ARGV[2]) and b ~= ARGV[2] end)
+local names = {}
+for _, name in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  if name == ARGV[2] then
+    table.insert(names, 1, name)
+  elseif not live_name(name, ARGV[3], ARGV[4]) then
+    names[#names + 1] = name
+  end
+end
 for _, name in ipairs(names) do
   local list = ARGV[7] .. name
   local entries = redis.call('HGETALL', list)

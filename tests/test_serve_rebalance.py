@@ -12,6 +12,7 @@ import pytest
 
 from ragflow_mq import consumer as consumer_module
 from ragflow_mq import runtime
+from ragflow_mq.claims import Claims
 from ragflow_mq.consumer import ServeConsumer
 from ragflow_mq.contract import Keys
 from ragflow_mq.evidence import Recorder
@@ -304,6 +305,36 @@ async def test_a_task_given_up_stays_pending_and_is_taken_back_once(
     finally:
         await first.stop()
         await second.stop()
+        await store.aclose()
+
+
+async def test_a_live_executors_pending_list_is_left_to_it(stack: LocalStack, unique: str) -> None:
+    """Another executor reads a consumer name's pending list only once the process under that
+    name is gone, as Redis leaves a live consumer's pending entries to it: not while it lives,
+    even with the task's claim lost (evicted), nor once it started again under a new
+    incarnation (that process takes it back); once it is gone, another executor takes it."""
+    settings = Settings.from_env({"REDIS_URL": stack.valkey.url})
+    keys, store = Keys(unique), create_client(settings.state)
+
+    def claims(name: str, incarnation: str) -> Claims:
+        return Claims(store, keys, consumer_name=name, incarnation=incarnation, lease_s=30,
+                      done_ttl_s=600, where="test")  # fmt: skip
+
+    holder, other = claims("task_executor_common_h_0", "a"), claims("task_executor_common_o_0", "b")
+    task_id, entry = f"{unique}-t", '{"a": "record"}'
+    try:
+        await holder.keep_alive()
+        await other.keep_alive()
+        await holder.claim([task_id])
+        await holder.pend(task_id, entry)
+        await store.delete(keys.claim(task_id))
+        assert await other.adopt(5) == [], "taken from a live executor's pending list"
+        restarted = claims("task_executor_common_h_0", "c")
+        await restarted.keep_alive()
+        assert await other.adopt(5) == [], "taken from a restarted executor's pending list"
+        await restarted.leave()
+        assert await other.adopt(5) == [(task_id, entry)]
+    finally:
         await store.aclose()
 
 
