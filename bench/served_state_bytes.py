@@ -8,7 +8,7 @@ per-key overhead is the same to within a few bytes):
    ``task_executor_<8 hex>_<n>``) are claimed by ``ragflow_mq.claims.Claims.claim`` (the
    claim: ``<prefix>:claim:<task id>`` = ``<consumer>|<incarnation>``, with its TTL);
 2. then marked done by ``Claims.finish``, as an ack does (the claim deleted, the done marker
-   ``<prefix>:done:<task id>`` = the owner, for ``SERVE_DONE_TTL_S``);
+   ``<prefix>:done:<task id>`` = ``1``, for ``SERVE_DONE_TTL_S``);
 3. then their documents' evidence is written by ``ragflow_mq.recorder.write`` (each document's
    first started and first finished task: ``<prefix>:evidence:document:<doc id>``, 12 h),
    ``--tasks-per-doc`` tasks a document, with each task's counts and latencies in the

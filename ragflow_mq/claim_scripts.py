@@ -70,11 +70,13 @@ return out
 
 # KEYS: claim_1, done_1, ..., pending hash (last); ARGV: owner, done ttl_s, task ids... Done
 # whoever holds the claim now: the task ran to its ack here, and no record of it may run again.
+# Every reader (the claims, the pending lists, drain-to-redis) asks only whether a marker exists,
+# so it holds "1", not the owner's ~40 bytes paid a task for SERVE_DONE_TTL_S.
 FINISH: Final = """
 local n = (#KEYS - 1) / 2
 for i = 1, n do
   local claim, done = KEYS[2 * i - 1], KEYS[2 * i]
-  redis.call('SET', done, ARGV[1], 'EX', ARGV[2])
+  redis.call('SET', done, '1', 'EX', ARGV[2])
   if redis.call('GET', claim) == ARGV[1] then redis.call('DEL', claim) end
   redis.call('HDEL', KEYS[#KEYS], ARGV[2 + i])
 end
@@ -135,13 +137,28 @@ return 1
 # tasks this process may run: its own consumer name's (a restart replays them, as Redis replays
 # a consumer's pending entries), then those of consumer names whose holder is gone, moved to
 # this name's list. Done ones are dropped. Returns task id, entry pairs.
+# Another name's list is read only when the process now under that name is gone (its lease
+# lapsed, or no incarnation left): a live one holds and re-asserts the claims of every task it
+# gave up on, so none of its list is free to others, and reading every list at every refresh
+# cost each executor a pass over all of them. What a live name's list holds from its earlier
+# incarnation that name's own process takes back, as Redis replays a consumer's entries.
 ADOPT: Final = (
     _GONE
     + """
+local function live_name(name, alive_prefix, incarnation_prefix)
+  local current = redis.call('GET', incarnation_prefix .. name)
+  return current and redis.call('EXISTS', alive_prefix .. name .. '|' .. current) == 1
+end
 local out, taken = {}, 0
 local mine = ARGV[7] .. ARGV[2]
-local names = redis.call('SMEMBERS', KEYS[1])
-table.sort(names, function(a, b) return (a == ARGV[2]) and b ~= ARGV[2] end)
+local names = {}
+for _, name in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  if name == ARGV[2] then
+    table.insert(names, 1, name)
+  elseif not live_name(name, ARGV[3], ARGV[4]) then
+    names[#names + 1] = name
+  end
+end
 for _, name in ipairs(names) do
   local list = ARGV[7] .. name
   local entries = redis.call('HGETALL', list)

@@ -47,6 +47,10 @@ _FETCH_TIMEOUT_MS = 500
 # member in the group); a slot that frees wakes the fetch at once.
 _BUSY_POLL_S = 1.0
 _RECHECK_S = 1.0  # parked records: is their task done, or its holder gone?
+# stop() fits in Runtime's close budget (10 s) with time left for the commit and LeaveGroup:
+# the cancelled tasks get this long to end, the last store writes that long.
+_STOP_TASKS_S = 2.0
+_STOP_STORE_S = 4.0
 
 
 class ServeConsumer:
@@ -348,27 +352,24 @@ class ServeConsumer:
     async def stop(self) -> None:
         """Stop fetching; release what was fetched ahead, mark what was acked done, commit,
         and let this process's claims lapse at once (a task still in RAGFlow's hands at exit
-        will not be acked by a process that is ending: another executor runs it)."""
+        will not be acked by a process that is ending: another executor runs it). Bounded: a
+        task that outlasts its cancel, or a store that does not answer, must not cost the
+        LeaveGroup, else the group keeps a dead member until the session timeout."""
         if self._stopping.is_set():
             return
         self._stopping.set()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks = []
-        unused = self._hand.drop_waiting()
-        if self._claims is not None and self._parking is not None:
-            await self._parking.release(unused)
-            # Also a batch whose marking the cancel cut short (marking again is harmless): a
-            # task acked as the executor stops is done before the last commit, not redelivered.
-            acked, self._marking = self._marking, []
-            while not self._done.empty():
-                acked.append(self._done.get_nowait())
-            if acked:
-                await self._finish(acked, retry=False)
-        consumer, self._consumer = self._consumer, None
-        if consumer is not None:
-            await consumer.stop()
+        try:
+            await self._end_tasks()
+            unused = self._hand.drop_waiting()
+            if self._claims is not None and self._parking is not None:
+                try:
+                    await asyncio.wait_for(self._last_marks(self._parking, unused), _STOP_STORE_S)
+                except TimeoutError:
+                    logger.warning("state store silent %s s into the stop", _STOP_STORE_S)
+        finally:
+            consumer, self._consumer = self._consumer, None
+            if consumer is not None:
+                await consumer.stop()
         if self._claims is not None:
             try:
                 await self._claims.leave()
@@ -377,3 +378,22 @@ class ServeConsumer:
         dlq, self._dlq = self._dlq, None
         if dlq is not None:
             await dlq.stop()
+
+    async def _end_tasks(self) -> None:
+        """Cancel this consumer's tasks and wait ``_STOP_TASKS_S`` at most for them to end."""
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        _, late = await asyncio.wait(tasks, timeout=_STOP_TASKS_S) if tasks else (None, set())
+        if names := ", ".join(sorted(task.get_name() for task in late)):
+            logger.warning("left running %s s past its cancel: %s", _STOP_TASKS_S, names)
+
+    async def _last_marks(self, parking: Parking, unused: list[str]) -> None:
+        await parking.release(unused)
+        # Also a batch whose marking the cancel cut short (marking again is harmless): a task
+        # acked as the executor stops is done before the last commit, not redelivered.
+        acked, self._marking = self._marking, []
+        while not self._done.empty():
+            acked.append(self._done.get_nowait())
+        if acked:
+            await self._finish(acked, retry=False)

@@ -25,6 +25,13 @@ class RedisTask:
         return self._message.get_msg_id()
 
     @property
+    def task_id(self) -> str | None:
+        """The task's id as ``KafkaTask.task_id`` reads it; ``None`` for a message that is
+        not a task (no JSON object)."""
+        message = self.get_message()
+        return str(message.get("id")) if isinstance(message, dict) else None
+
+    @property
     def acked(self) -> bool:
         return self._acked
 

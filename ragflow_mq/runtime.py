@@ -251,16 +251,14 @@ class Runtime:
             raise
         return consumer
 
-    def handed_out(
-        self, path: str, task: KafkaTask | RedisTask, task_id: Any, *, retried: bool = False
-    ) -> None:
+    def handed_out(self, path: str, task: KafkaTask | RedisTask, *, retried: bool = False) -> None:
         """RAGFlow holds ``task`` now: its slot is taken, its document may start here. A task
         handed out again (``retried``) is counted under the minute its document started."""
-        message = task.get_message()
-        document = self.routes.route(message, 0).key if isinstance(message, dict) else str(task_id)
+        message, task_id = task.get_message(), str(task.task_id)
+        document = self.routes.route(message, 0).key if isinstance(message, dict) else task_id
         with self._lock:
-            previous = self._held.get(str(task_id))
-            self._held[str(task_id)] = (path, document)
+            previous = self._held.get(task_id)
+            self._held[task_id] = (path, document)
             self._held_on_redis += (path == "redis") - (
                 previous is not None and previous[0] == "redis"
             )
@@ -274,10 +272,7 @@ class Runtime:
     def _gave_up(self, task: KafkaTask | RedisTask) -> None:
         """RAGFlow dropped ``task`` unacked: its slot is free. A Redis entry stays pending in
         Redis; a served task is kept pending for this consumer name in the state store."""
-        message = task.get_message()
-        task_id = task.task_id if isinstance(task, KafkaTask) else (
-            message.get("id") if isinstance(message, dict) else None
-        )  # fmt: skip
+        task_id = task.task_id
         self._let_go(str(task_id))
         if isinstance(task, KafkaTask):
             if self.consumer is not None:
@@ -300,9 +295,8 @@ class Runtime:
         processing_ms = (time.time() - task.handed_out_s) * 1000
         self.recorder.count(path, "finished")
         self.recorder.observe(path, "processing", processing_ms)
-        message = task.get_message()
-        if isinstance(message, dict):
-            self._finished_document(self._let_go(str(message.get("id"))), processing_ms)
+        if task.task_id is not None:
+            self._finished_document(self._let_go(task.task_id), processing_ms)
         if self.consumer is not None:
             self.consumer.wake()  # the slot it held may take a served task now
 
@@ -332,9 +326,8 @@ class Runtime:
         if match:
             task.queue_wait_ms = time.time() * 1000 - int(match[1])
             self.recorder.observe("redis", "queue_wait", task.queue_wait_ms)
-        body = task.get_message()
-        if isinstance(body, dict):
-            self.handed_out("redis", task, body.get("id"), retried=retried)
+        if task.task_id is not None:
+            self.handed_out("redis", task, retried=retried)
         elif retried:
             self.recorder.count("redis", "retried")  # no document to file it under
         return task

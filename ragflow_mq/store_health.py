@@ -14,10 +14,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from sidecar.errors import SidecarError
 from sidecar.text import as_text
 from sidecar.transport.valkey_client import translate_valkey_errors
-from sidecar.transport.valkey_memory import read_memory
+from sidecar.transport.valkey_memory import read_memory, read_persistence
 
 logger = logging.getLogger(__name__)
 
@@ -67,19 +66,10 @@ async def read_facts(client: Any, where: str) -> StoreFacts:
     (allowed by docs/security.md's ACL); RDB save points need CONFIG, which may be refused."""
     run_id, uptime_s = await read_identity(client, where)
     memory = await read_memory(client, where)
-    with translate_valkey_errors("read the state store's persistence", where):
-        persistence = await client.info("persistence")
-    rdb: bool | None = None
-    try:
-        with translate_valkey_errors("read the state store's save points", where):
-            config = await client.config_get("save")
-    except SidecarError as exc:
-        logger.info("the state store's save points cannot be read: %s", exc)
-    else:
-        save = config.get("save", config.get(b"save"))
-        rdb = None if save is None else bool(as_text(save).strip())
-    aof = str(_info_value(persistence, "aof_enabled")) == "1"
-    return StoreFacts(run_id, uptime_s, memory.policy, memory.maxmemory, aof, rdb)
+    persistence = await read_persistence(client, where, ("save",))
+    return StoreFacts(
+        run_id, uptime_s, memory.policy, memory.maxmemory, persistence.aof, persistence.rdb
+    )
 
 
 def say_risks(facts: StoreFacts, where: str) -> None:

@@ -85,8 +85,9 @@ class Upkeep:
             )
         if reasserted.lost:
             logger.error(
-                "served task(s) %s held here were claimed by another executor after the state "
-                "store lost their claims: they may run twice",
+                "served task(s) %s held here were claimed by another executor (this one was "
+                "silent past SERVE_LEASE_S, or the state store lost their claims): they may run "
+                "twice",
                 ", ".join(reasserted.lost),
             )
         await self.adopt(room)

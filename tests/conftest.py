@@ -14,6 +14,7 @@ import socket
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,20 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@contextmanager
+def own_valkey(root: Path, aof: bool = False) -> Iterator[LocalValkey]:
+    """A Valkey of the test's own under ``root`` on a free port, stopped and removed after:
+    its memory limit, eviction policy and persistence (``aof``) are the test's to set, and the
+    test may stop and start it, never the session's."""
+    server = LocalValkey(root, free_port(), aof=aof)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def kafka_version() -> str:
@@ -146,11 +161,8 @@ def own_broker(tmp_path: Path) -> Iterator[LocalKafka]:
 def state_valkey(tmp_path: Path) -> Iterator[LocalValkey]:
     """A Valkey of this test's own for the sidecar's state (SIDECAR_STATE_URL): its memory
     limit and eviction policy are the test's to set, never the session Valkey's."""
-    server = LocalValkey(tmp_path / "state-valkey", free_port())
-    server.start()
-    yield server
-    server.stop()
-    shutil.rmtree(tmp_path / "state-valkey", ignore_errors=True)
+    with own_valkey(tmp_path / "state-valkey") as server:
+        yield server
 
 
 @pytest.fixture

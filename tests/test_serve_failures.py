@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 from collections import Counter
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ import valkey.asyncio as avalkey
 
 from sidecar.dev.local_stack import LocalStack, LocalValkey
 from sidecar.wire.contract import Keys
-from tests.conftest import free_port
+from tests.conftest import own_valkey
 from tests.ragflow_support import assert_exactly_once, read_produced, wait_until
 from tests.serve_support import ServeWorld, by_path, make_world
 
@@ -84,17 +83,21 @@ async def test_collects_failing_after_queue_consumer_wedge_nothing_and_run_at_re
     assert int(totals.get(f"{path}:abandoned".encode(), 0)) == 5, totals
 
 
+@pytest.mark.parametrize("path", ["redis", "kafka"])
 async def test_an_executor_frozen_60_s_mid_task_keeps_its_tasks(
-    stack: LocalStack, unique: str, tmp_path: Path, valkey_client: avalkey.Valkey
+    stack: LocalStack, unique: str, tmp_path: Path, valkey_client: avalkey.Valkey, path: str
 ) -> None:
-    """SIGSTOP for 60 s (docker pause, a VM stall, the GIL held) is longer than the Kafka
-    session, so its partitions move; its claims hold (SERVE_LEASE_S), nothing runs twice."""
-    world = await make_world(stack, unique, tmp_path, KAFKA_SERVE_PERCENT="100")
+    """SIGSTOP for 60 s (docker pause, a VM stall, the GIL held). On Redis the frozen
+    consumer's entries stay pending for it and it finishes them when it thaws. Served, 60 s is
+    longer than the Kafka session, so its partitions move; its claims hold (SERVE_LEASE_S).
+    Either way nothing runs twice."""
+    world = await make_world(stack, unique, tmp_path, KAFKA_SERVE_PERCENT=PERCENT[path])
     with (
         world.executor("task_executor_common_f_0", STANDIN_WORK_MS="6000") as frozen,
         world.executor("task_executor_common_g_0", STANDIN_WORK_MS="6000"),
     ):
-        await world.wait_members(2)
+        if path == "kafka":
+            await world.wait_members(2)
         ids = await _enqueue(world, "produced", docs=16)
 
         async def frozen_has_some() -> bool:
@@ -109,20 +112,70 @@ async def test_an_executor_frozen_60_s_mid_task_keeps_its_tasks(
             os.kill(frozen.pid, signal.SIGCONT)
         await world.wait_executed(valkey_client, ids, timeout_s=180)
         await wait_until(world.kafka_settled, 60, what="every record committed")
+        await asyncio.sleep(3)  # a second run would come now
         records = await world.executed(valkey_client)
     assert_exactly_once(ids, records)
+    assert by_path(records) == {path: len(records)}
+
+
+async def test_an_executor_frozen_past_the_lease_has_its_tasks_taken_over_and_run_twice(
+    stack: LocalStack, unique: str, tmp_path: Path, valkey_client: avalkey.Valkey
+) -> None:
+    """The one case a served task runs twice (docs/operations.md, the frozen-process row): a
+    freeze longer than SERVE_LEASE_S. The frozen executor's claims lapse, another executor
+    takes its tasks over from their records, and the frozen one, thawed, finishes its own run
+    too and says so. (Redis never gives a frozen consumer's entries to another: RAGFlow has
+    no XCLAIM or XAUTOCLAIM.)"""
+    world = await make_world(
+        stack, unique, tmp_path, KAFKA_SERVE_PERCENT="100", SERVE_LEASE_S="6",
+        SERVE_CLAIM_REFRESH_S="1",
+    )  # fmt: skip
+    frozen_name, other_name = "task_executor_common_f_0", "task_executor_common_g_0"
+    with (
+        world.executor(frozen_name, STANDIN_WORK_MS="15000") as frozen,
+        world.executor(other_name, STANDIN_WORK_MS="15000"),
+    ):
+        await world.wait_members(2)
+        ids = await _enqueue(world, "produced", docs=8)
+
+        async def frozen_ones() -> set[str]:
+            records = await world.executed(valkey_client)
+            return {str(r["task_id"]) for r in records if r["consumer"] == frozen_name}
+
+        async def frozen_has_some() -> bool:
+            return bool(await frozen_ones())
+
+        await wait_until(frozen_has_some, 60, what="a task started on the executor to freeze")
+        os.kill(frozen.pid, signal.SIGSTOP)
+        try:
+            held = await frozen_ones()
+
+            async def taken_over() -> bool:
+                records = await world.executed(valkey_client)
+                return held <= {str(r["task_id"]) for r in records if r["consumer"] == other_name}
+
+            await wait_until(taken_over, 90, what="the frozen executor's tasks taken over")
+        finally:
+            os.kill(frozen.pid, signal.SIGCONT)
+        await world.wait_executed(valkey_client, ids, timeout_s=120)
+        await wait_until(world.kafka_settled, 90, what="every record committed")
+
+        async def thawed_finished() -> bool:
+            return "claimed by another executor" in frozen.log_text()
+
+        await wait_until(thawed_finished, 30, what="the thawed executor's warning")
+        records = await world.executed(valkey_client)
+    runs = Counter(str(r["task_id"]) for r in records)
+    assert set(runs) == ids, set(runs) ^ ids
+    assert held and all(runs[t] == 2 for t in held), (held, runs)
+    assert max(runs.values()) <= 2, runs
 
 
 @pytest.fixture
 def state_store(tmp_path: Path) -> Iterator[LocalValkey]:
     """A state store of the test's own, without persistence (RAGFlow's compose runs so)."""
-    server = LocalValkey(tmp_path / "state", free_port())
-    server.start()
-    try:
+    with own_valkey(tmp_path / "state") as server:
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(tmp_path / "state", ignore_errors=True)
 
 
 async def test_the_state_store_restarted_without_persistence_mid_task_runs_nothing_twice(

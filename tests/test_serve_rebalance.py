@@ -11,18 +11,20 @@ from typing import Any
 import pytest
 
 from ragflow_mq import consumer as consumer_module
+from ragflow_mq import runtime
+from ragflow_mq.claims import Claims
 from ragflow_mq.consumer import ServeConsumer
 from ragflow_mq.hand import KafkaTask
 from ragflow_mq.producer import served_headers
 from ragflow_mq.recorder import Recorder
 from sidecar.config import Settings
 from sidecar.config.routing import Route, RouteTable
-from sidecar.dev.local_stack import LocalStack, LocalValkey
+from sidecar.dev.local_stack import LocalStack
 from sidecar.transport.kafka import KafkaProducer
 from sidecar.transport.partitioner import key_partition
 from sidecar.transport.valkey_client import create_client
 from sidecar.wire.contract import Keys
-from tests.conftest import free_port
+from tests.conftest import own_valkey
 from tests.ragflow_support import wait_until
 from tests.serve_support import ServeWorld, make_world
 
@@ -219,6 +221,43 @@ async def test_a_record_claimed_while_its_task_is_marked_done_is_not_run_again(
         await store.aclose()
 
 
+async def test_a_task_deaf_to_its_cancel_does_not_keep_the_stopped_executor_in_the_group(
+    stack: LocalStack, unique: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under load one of the consumer's tasks can outlast its cancel (an await that finishes
+    what it started): the stop waits for it a bounded while, then still leaves the group
+    within Runtime's close budget. Waiting for it unbounded spent the budget before the
+    LeaveGroup, the group kept a dead member, and drain-to-redis was refused."""
+    world = await make_world(stack, unique, tmp_path, KAFKA_SERVE_PERCENT="100")
+    settings = world.settings()
+    routes, keys = RouteTable(settings.mirror.routes), Keys(unique)
+    store = create_client(settings.state)
+    member = ServeConsumer(settings, routes, keys, store, Recorder(), "task_executor_common_d_0")
+    released = asyncio.Event()
+
+    async def deaf(self: Any, commit_past: Any) -> None:
+        while not released.is_set():
+            try:
+                await released.wait()
+            except asyncio.CancelledError:
+                continue  # not ours to honour: it ends when the test lets it
+
+    monkeypatch.setattr(consumer_module.Upkeep, "run_given_up", deaf)
+    stopping: asyncio.Task[None] | None = None
+    try:
+        await member.start()
+        await world.wait_members(1)
+        stopping = asyncio.create_task(member.stop())
+        done, _ = await asyncio.wait({stopping}, timeout=runtime._CLOSE_TIMEOUT_S)
+        assert await world.member_ids() == set(), "the stopped executor is still a member"
+        assert stopping in done, "the stop overran the close budget"
+    finally:
+        released.set()
+        if stopping is not None:
+            await stopping
+        await store.aclose()
+
+
 @pytest.mark.parametrize("successor", ["task_executor_common_p_0", "task_executor_common_q_0"])
 async def test_a_task_given_up_stays_pending_and_is_taken_back_once(
     stack: LocalStack, unique: str, tmp_path: Path, successor: str
@@ -269,50 +308,80 @@ async def test_a_task_given_up_stays_pending_and_is_taken_back_once(
         await store.aclose()
 
 
+async def test_a_live_executors_pending_list_is_left_to_it(stack: LocalStack, unique: str) -> None:
+    """Another executor reads a consumer name's pending list only once the process under that
+    name is gone, as Redis leaves a live consumer's pending entries to it: not while it lives,
+    even with the task's claim lost (evicted), nor once it started again under a new
+    incarnation (that process takes it back); once it is gone, another executor takes it."""
+    settings = Settings.from_env({"REDIS_URL": stack.valkey.url})
+    keys, store = Keys(unique), create_client(settings.state)
+
+    def claims(name: str, incarnation: str) -> Claims:
+        return Claims(store, keys, consumer_name=name, incarnation=incarnation, lease_s=30,
+                      done_ttl_s=600, where="test")  # fmt: skip
+
+    holder, other = claims("task_executor_common_h_0", "a"), claims("task_executor_common_o_0", "b")
+    task_id, entry = f"{unique}-t", '{"a": "record"}'
+    try:
+        await holder.keep_alive()
+        await other.keep_alive()
+        await holder.claim([task_id])
+        await holder.pend(task_id, entry)
+        await store.delete(keys.claim(task_id))
+        assert await other.adopt(5) == [], "taken from a live executor's pending list"
+        restarted = claims("task_executor_common_h_0", "c")
+        await restarted.keep_alive()
+        assert await other.adopt(5) == [], "taken from a restarted executor's pending list"
+        await restarted.leave()
+        assert await other.adopt(5) == [(task_id, entry)]
+    finally:
+        await store.aclose()
+
+
 async def test_records_fetched_while_the_state_store_is_down_are_parked_within_the_slots(
     stack: LocalStack, unique: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Nobody can tell where a task runs while the store is away: the fetched records are
     parked, no more than RAGFlow's slots, with one warning for the outage; once the store is
     back every task is handed out once."""
-    server = LocalValkey(tmp_path / "state", free_port())
-    server.start()
-    world = await make_world(
-        stack, unique, tmp_path, KAFKA_SERVE_PERCENT="100", SIDECAR_STATE_URL=server.url
-    )
-    settings = world.settings(SIDECAR_STATE_URL=server.url)
-    routes, keys = RouteTable(settings.mirror.routes), Keys(unique)
-    queue = world.streams[1]
-    store = create_client(settings.state)
-    member = ServeConsumer(settings, routes, keys, store, Recorder(), "task_executor_common_o_0")
-    taken: Counter[str] = Counter()
-    try:
-        await member.start()
-        server.stop()
-        ids: set[str] = set()
-        async with KafkaProducer(settings.kafka, linger_ms=0) as producer:
-            for n in range(20):
-                task = {"id": f"{unique}-{n}", "doc_id": f"{unique}-d{n}", "from_page": 0}
-                route = routes.route(task, 0)
-                headers = served_headers(queue, task, route)
-                await producer.send(route.topic, task, key=route.key, headers=headers)
-                ids.add(task["id"])
-        await asyncio.sleep(6)
-        assert member.take(queue) is None
-        assert member.parked() <= settings.serve.prefetch, member.parked()
-        server.start()
+    with own_valkey(tmp_path / "state") as server:
+        world = await make_world(
+            stack, unique, tmp_path, KAFKA_SERVE_PERCENT="100", SIDECAR_STATE_URL=server.url
+        )
+        settings = world.settings(SIDECAR_STATE_URL=server.url)
+        routes, keys = RouteTable(settings.mirror.routes), Keys(unique)
+        queue = world.streams[1]
+        store = create_client(settings.state)
+        member = ServeConsumer(
+            settings, routes, keys, store, Recorder(), "task_executor_common_o_0"
+        )
+        taken: Counter[str] = Counter()
+        try:
+            await member.start()
+            server.stop()
+            ids: set[str] = set()
+            async with KafkaProducer(settings.kafka, linger_ms=0) as producer:
+                for n in range(20):
+                    task = {"id": f"{unique}-{n}", "doc_id": f"{unique}-d{n}", "from_page": 0}
+                    route = routes.route(task, 0)
+                    headers = served_headers(queue, task, route)
+                    await producer.send(route.topic, task, key=route.key, headers=headers)
+                    ids.add(task["id"])
+            await asyncio.sleep(6)
+            assert member.take(queue) is None
+            assert member.parked() <= settings.serve.prefetch, member.parked()
+            server.start()
 
-        def take_all() -> bool:
-            while (task := member.take(queue)) is not None:
-                taken[task.task_id] += 1
-                task.ack()
-            return ids <= taken.keys()
+            def take_all() -> bool:
+                while (task := member.take(queue)) is not None:
+                    taken[task.task_id] += 1
+                    task.ack()
+                return ids <= taken.keys()
 
-        await wait_until(take_all, 60, interval_s=0.1, what="every task handed out")
-    finally:
-        await member.stop()
-        await store.aclose()
-        server.stop()
+            await wait_until(take_all, 60, interval_s=0.1, what="every task handed out")
+        finally:
+            await member.stop()
+            await store.aclose()
     assert taken == Counter(dict.fromkeys(ids, 1)), taken
     outage = [r for r in caplog.records if "cannot be reached" in r.getMessage()]
     assert len(outage) == 1, [r.getMessage() for r in outage]

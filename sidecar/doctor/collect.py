@@ -29,7 +29,7 @@ async def read_stores(
     read_config: bool = True,
 ) -> list[Finding]:
     """``state`` None: the state store is RAGFlow's Valkey (one server, read once).
-    ``read_config``: also CONFIG GET the RDB save points (see stores.read_persistence)."""
+    ``read_config``: also CONFIG GET the RDB save points (see valkey_memory.read_persistence)."""
     where = settings.redis.display_url
     findings = await store_findings(
         "ragflow-valkey", ragflow, where, shared=state is None, read_config=read_config

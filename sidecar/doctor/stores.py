@@ -7,17 +7,19 @@ a server that never snapshots, and the finding says so rather than guess.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Final, Literal
 
 import valkey.asyncio as avalkey
-from valkey.exceptions import ResponseError
 
 from sidecar.doctor.findings import Finding
 from sidecar.errors import SidecarError
-from sidecar.text import as_text
-from sidecar.transport.valkey_client import translate_valkey_errors
-from sidecar.transport.valkey_memory import ValkeyMemory, human_bytes, read_memory
+from sidecar.transport.valkey_memory import (
+    ValkeyMemory,
+    ValkeyPersistence,
+    human_bytes,
+    read_memory,
+    read_persistence,
+)
 
 Role = Literal["ragflow-valkey", "state-store"]
 
@@ -30,39 +32,6 @@ LOSS: Final[dict[Role, str]] = {
     "ragflow-valkey": "queued tasks vanish and never run",
     "state-store": "served tasks run twice and verdicts turn missing_*",
 }
-
-
-@dataclass(frozen=True)
-class Persistence:
-    aof: bool
-    appendfsync: str | None  # None: CONFIG refused
-    save: str | None  # RDB save points ("" none); None: CONFIG refused
-    changes_since_save: int
-
-
-async def _config(client: avalkey.Valkey, name: str) -> str | None:
-    """A CONFIG value, or None where the ACL refuses CONFIG (docs/security.md grants none)."""
-    try:
-        reply: dict[Any, Any] = await client.config_get(name)
-    except ResponseError:  # NOPERM: the ACL grants no CONFIG
-        return None
-    value = reply.get(name, reply.get(name.encode()))
-    return None if value is None else as_text(value)
-
-
-async def read_persistence(
-    client: avalkey.Valkey, where: str, read_config: bool = True
-) -> Persistence:
-    """``read_config`` False: INFO only (run's poller, whose documented ACL grants no CONFIG,
-    which would show the server's password: each refusal would fill Valkey's ACL LOG)."""
-    with translate_valkey_errors("read INFO persistence", where):
-        info: dict[str, Any] = await client.info("persistence")
-    return Persistence(
-        aof=str(info.get("aof_enabled", 0)) == "1",
-        appendfsync=await _config(client, "appendfsync") if read_config else None,
-        save=await _config(client, "save") if read_config else None,
-        changes_since_save=int(info.get("rdb_changes_since_last_save") or 0),
-    )
 
 
 def eviction_finding(role: Role, where: str, memory: ValkeyMemory, shared: bool) -> Finding:
@@ -107,7 +76,7 @@ def eviction_finding(role: Role, where: str, memory: ValkeyMemory, shared: bool)
     )
 
 
-def persistence_finding(role: Role, where: str, persistence: Persistence) -> Finding:
+def persistence_finding(role: Role, where: str, persistence: ValkeyPersistence) -> Finding:
     check = f"{role}.persistence"
     if persistence.aof:
         fsync = persistence.appendfsync or "unreadable"
@@ -150,7 +119,10 @@ async def store_findings(
     """Eviction and persistence of one server; one ``unknown`` finding when it cannot be read."""
     try:
         memory = await read_memory(client, where)
-        persistence = await read_persistence(client, where, read_config)
+        # Without CONFIG, INFO only (run's poller, whose documented ACL grants no CONFIG, which
+        # would show the server's password: each refusal would fill Valkey's ACL LOG).
+        config = ("appendfsync", "save") if read_config else ()
+        persistence = await read_persistence(client, where, config)
     except SidecarError as exc:
         return [Finding(f"{role}.reachable", "unknown", where, str(exc))]
     return [

@@ -7,7 +7,6 @@ and every task runs exactly once."""
 from __future__ import annotations
 
 import asyncio
-import shutil
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ import valkey.asyncio as avalkey
 
 from sidecar.dev.local_stack import LocalStack, LocalValkey
 from sidecar.wire.contract import Keys
-from tests.conftest import free_port
+from tests.conftest import own_valkey
 from tests.ragflow_support import assert_exactly_once, pending_count, read_produced, wait_until
 from tests.serve_support import by_path, make_world
 
@@ -35,11 +34,8 @@ RAGFLOW_GROUP = "rag_flow_svr_task_broker"
 def state_store(tmp_path: Path) -> Iterator[LocalValkey]:
     """The state store, persisting to an append-only file: stopped and started again, it keeps
     its claims and done markers (a store that forgets them is another test's)."""
-    server = LocalValkey(tmp_path / "state-aof", free_port(), aof=True)
-    server.start()
-    yield server
-    server.stop()
-    shutil.rmtree(tmp_path / "state-aof", ignore_errors=True)
+    with own_valkey(tmp_path / "state-aof", aof=True) as server:
+        yield server
 
 
 def _shift(env: dict[str, str], log: Path, *args: str) -> subprocess.Popen[bytes]:
