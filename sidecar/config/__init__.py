@@ -20,14 +20,29 @@ from sidecar.config.model import (
     ShadowSettings,
     TracingSettings,
 )
+from sidecar.config.rollout import RolloutSettings, check_plan
+from sidecar.config.routing import (
+    CANVAS_DEBUG_DOC_ID,
+    FAKE_DOC_ID,
+    KNOWN_TASK_TYPES,
+    Route,
+    RouteTable,
+)
 from sidecar.config.serve import GATE_VARIABLES, SERVE_VARIABLES, GateSettings, ServeSettings
 from sidecar.config.service_conf import expand_variables
 from sidecar.config.settings import KNOWN_VARIABLES, Settings
+from sidecar.config.traffic import in_traffic_share
 from sidecar.transport.options import KafkaSettings, RedisSettings, Secret, SecurityProtocol
 
+# The settings object and where its values come from.
 __all__ = [
-    "GATE_VARIABLES",
     "KNOWN_VARIABLES",
+    "Settings",
+    "expand_variables",
+]
+# Its sections.
+__all__ += [
+    "GATE_VARIABLES",
     "MQ_BACKENDS",
     "SERVE_VARIABLES",
     "GateSettings",
@@ -36,11 +51,20 @@ __all__ = [
     "MetricsSettings",
     "MirrorSettings",
     "RedisSettings",
+    "RolloutSettings",
     "Secret",
     "SecurityProtocol",
     "ServeSettings",
-    "Settings",
     "ShadowSettings",
     "TracingSettings",
-    "expand_variables",
+    "check_plan",
+]
+# Routing and the traffic share, read by the stages and ragflow_mq at run time.
+__all__ += [
+    "CANVAS_DEBUG_DOC_ID",
+    "FAKE_DOC_ID",
+    "KNOWN_TASK_TYPES",
+    "Route",
+    "RouteTable",
+    "in_traffic_share",
 ]
