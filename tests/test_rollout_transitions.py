@@ -9,10 +9,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from dashboards import served_share
 from sidecar.config.rollout import RolloutSettings
 from sidecar.rollout import machine
 from sidecar.rollout.machine import GateView, RolloutState, command, decide
 from sidecar.rollout.transitions import (
+    ACTIONS,
     COMMANDS,
     PHASES,
     TRANSITIONS,
@@ -104,3 +106,16 @@ def test_the_docs_show_the_table_as_it_is() -> None:
         assert phase in block
     for row in TRANSITIONS:
         assert f"`{row.trigger}`" in block and row.when in block
+
+
+def test_the_metrics_catalogue_and_the_dashboard_name_every_phase_and_action() -> None:
+    """The phase and action labels come from the Literal types; what lists them by hand says
+    the same, so a new phase or action cannot be left out of either."""
+    catalogue = (rollout_table.DOC.parent / "metrics.md").read_text(encoding="utf-8")
+    rows = {line.split("|")[1].strip(" `"): line for line in catalogue.splitlines()
+            if line.startswith("| `ragflow_sidecar_rollout_")}  # fmt: skip
+    for metric, names in (("phase", PHASES), ("decisions_total", ACTIONS)):
+        listed = rows[f"ragflow_sidecar_rollout_{metric}"].split("|")[3]
+        assert listed.count("`") // 2 - 1 == len(names), listed
+        assert all(f"`{name}`" in listed for name in names), (metric, listed)
+    assert {phase for phase, _ in served_share._PHASE_COLORS} - {"none"} == set(PHASES)
