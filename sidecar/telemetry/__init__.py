@@ -1,6 +1,8 @@
 """telemetry: traces (``tracing``, with ``semconv``, ``propagation``, ``sampler``, ``export``),
 metrics and health."""
 
+# Span attribute names are read from sidecar.telemetry.semconv itself, the vocabulary
+# module: the spans' code reads as the conventions it follows.
 from sidecar.telemetry.health import Health, HealthServer
 from sidecar.telemetry.metrics import SidecarMetrics, Stats, counts
 from sidecar.telemetry.propagation import (
@@ -11,22 +13,6 @@ from sidecar.telemetry.propagation import (
     parse_traceparent,
 )
 from sidecar.telemetry.sampler import ALWAYS_EXPORTED_VERDICTS
-from sidecar.telemetry.semconv import (
-    BATCH_COUNT,
-    CONSUMER_GROUP,
-    DESTINATION,
-    KAFKA_OFFSET,
-    MESSAGE_ID,
-    OPERATION_NAME,
-    OPERATION_TYPE,
-    PARTITION,
-    SYSTEM,
-    SYSTEM_KAFKA,
-    SYSTEM_REDIS,
-    TASK_ID,
-    TASK_TYPE,
-    VERDICT,
-)
 from sidecar.telemetry.tracing import MAX_ATTRIBUTE_CHARS, Tracing
 
 # Health.
@@ -50,21 +36,4 @@ __all__ += [
     "format_traceparent",
     "links",
     "parse_traceparent",
-]
-# Span attribute names (OpenTelemetry's messaging conventions and ours).
-__all__ += [
-    "BATCH_COUNT",
-    "CONSUMER_GROUP",
-    "DESTINATION",
-    "KAFKA_OFFSET",
-    "MESSAGE_ID",
-    "OPERATION_NAME",
-    "OPERATION_TYPE",
-    "PARTITION",
-    "SYSTEM",
-    "SYSTEM_KAFKA",
-    "SYSTEM_REDIS",
-    "TASK_ID",
-    "TASK_TYPE",
-    "VERDICT",
 ]
