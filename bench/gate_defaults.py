@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.stats import norm
 
-from ragflow_mq.contract import BUCKETS_MS
 from sidecar.serve import histograms as hist
 from sidecar.serve.gate_stats import RETRY_CLUSTER, TESTS
 from sidecar.serve.margins import margin_at, mixture_radius
@@ -47,6 +46,7 @@ from sidecar.serve.sequential import (
     shares,
     tilt_log_ratios,
 )
+from sidecar.wire.contract import BUCKETS_MS
 
 FLOOR_MS = 1000.0
 SIZES = np.arange(1, 61)

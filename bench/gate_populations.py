@@ -9,9 +9,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ragflow_mq.contract import BUCKETS_MS
-from ragflow_mq.evidence import SHARED_BUCKETS_MS
 from sidecar.serve.sequential import Array
+from sidecar.wire.contract import BUCKETS_MS
+from sidecar.wire.evidence import SHARED_BUCKETS_MS
 
 # Per task: failing on its own (the rest of the 4 % are broken documents' tasks), retried.
 ALONE, RETRY = 0.03, 0.01

@@ -9,7 +9,7 @@ per-key overhead is the same to within a few bytes):
    claim: ``<prefix>:claim:<task id>`` = ``<consumer>|<incarnation>``, with its TTL);
 2. then marked done by ``Claims.finish``, as an ack does (the claim deleted, the done marker
    ``<prefix>:done:<task id>`` = the owner, for ``SERVE_DONE_TTL_S``);
-3. then their documents' evidence is written by ``ragflow_mq.evidence.write`` (each document's
+3. then their documents' evidence is written by ``ragflow_mq.recorder.write`` (each document's
    first started and first finished task: ``<prefix>:evidence:document:<doc id>``, 12 h),
    ``--tasks-per-doc`` tasks a document, with each task's counts and latencies in the
    minute's hash (``<prefix>:evidence:<minute>``, 2 days, one a minute whatever the rate).
@@ -39,10 +39,10 @@ import valkey.asyncio as avalkey
 from bench_common import free_port, loadavg
 
 from ragflow_mq.claims import Claims
-from ragflow_mq.contract import DOCUMENT_TTL_S, EVIDENCE_TTL_S, Keys
-from ragflow_mq.evidence import Recorder, write
+from ragflow_mq.recorder import Recorder, write
 from sidecar.config import Settings
 from sidecar.dev.local_stack import LocalValkey
+from sidecar.wire.contract import DOCUMENT_TTL_S, EVIDENCE_TTL_S, Keys
 
 BATCH = 500  # task ids per script call, as an executor's fetch would never exceed
 DAILY = (10_000, 100_000, 350_000, 1_000_000, 3_000_000)  # served tasks a day, for the table

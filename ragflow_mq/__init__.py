@@ -5,11 +5,11 @@ The message model and the producer/consumer interfaces are the sidecar's (``side
 one Kafka client for both, not two.
 """
 
-from ragflow_mq.contract import QUEUE_HEADER, SERVED_HEADER, Keys
 from ragflow_mq.factory import create_consumer, create_producer
 from ragflow_mq.install import install, uninstall
 from sidecar.transport.base import MessageQueueConsumer, MessageQueueProducer, OutgoingMessage
 from sidecar.transport.message import QueueMessage
+from sidecar.wire.contract import QUEUE_HEADER, SERVED_HEADER, Keys
 
 __all__ = [
     "QUEUE_HEADER",

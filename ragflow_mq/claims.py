@@ -24,17 +24,15 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Final
+from typing import Any
 
 import valkey.asyncio as avalkey
 
 from ragflow_mq import claim_scripts
-from ragflow_mq.contract import Keys
 from sidecar.transport.valkey_client import translate_valkey_errors
+from sidecar.wire.contract import REDIS_MARKER, Keys
 
 logger = logging.getLogger(__name__)
-
-REDIS_MARKER: Final = "redis"
 
 
 class Claim(StrEnum):

@@ -28,17 +28,17 @@ from collections.abc import Callable
 from typing import Any
 
 from ragflow_mq.claims import Claims
-from ragflow_mq.contract import SERVED_HEADER, Keys
 from ragflow_mq.dead_letters import DeadLetters
-from ragflow_mq.evidence import Recorder
 from ragflow_mq.hand import Hand, KafkaTask, queue_of
 from ragflow_mq.parking import Parking, Served
+from ragflow_mq.recorder import Recorder
 from ragflow_mq.upkeep import Upkeep
 from sidecar.config import Settings
 from sidecar.config.routing import RouteTable
 from sidecar.errors import MessageDecodeError, SidecarError
 from sidecar.transport.kafka import KafkaConsumer
 from sidecar.transport.message import QueueMessage, decode_task
+from sidecar.wire.contract import SERVED_HEADER, Keys
 
 logger = logging.getLogger(__name__)
 

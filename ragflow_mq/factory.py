@@ -11,7 +11,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ragflow_mq.producer import served_headers
-from ragflow_mq.share import ShareValues
 from sidecar.config import Settings
 from sidecar.config.routing import RouteTable
 from sidecar.config.traffic import in_traffic_share
@@ -27,6 +26,7 @@ from sidecar.transport.factory import create_producer as _create_producer
 from sidecar.transport.kafka import KafkaProducer
 from sidecar.transport.message import decode_task
 from sidecar.transport.redis_streams import RedisStreamProducer
+from sidecar.wire.share import ShareValues
 
 
 class SplitProducer(MessageQueueProducer):

@@ -10,8 +10,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ragflow_mq.contract import QUEUE_HEADER
 from sidecar.transport.message import QueueMessage
+from sidecar.wire.contract import QUEUE_HEADER
 
 
 def queue_of(message: QueueMessage) -> str:

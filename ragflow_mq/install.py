@@ -70,7 +70,7 @@ def _patched_methods(runtime: Runtime) -> dict[str, Callable[..., Any]]:
         if kafka_first and consumer is not None:
             task = consumer.take(queue_name)
             if task is not None:
-                runtime.handed_out("kafka", task, task.task_id)
+                runtime.handed_out("kafka", task, task.task_id, retried=task.retaken)
                 return task
         message = original["queue_consumer"](queue_name, group_name, consumer_name, msg_id)
         runtime.note_redis(queue_name, message is not None)
@@ -79,7 +79,7 @@ def _patched_methods(runtime: Runtime) -> dict[str, Callable[..., Any]]:
         if not kafka_first and consumer is not None:
             task = consumer.take(queue_name)
             if task is not None:
-                runtime.handed_out("kafka", task, task.task_id)
+                runtime.handed_out("kafka", task, task.task_id, retried=task.retaken)
                 return task
         return None
 

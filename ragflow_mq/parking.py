@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ragflow_mq.claims import Claim, Claims
-from ragflow_mq.evidence import Recorder
 from ragflow_mq.hand import Hand, KafkaTask, queue_of
+from ragflow_mq.recorder import Recorder
 from sidecar.errors import SidecarError
 from sidecar.transport.kafka import KafkaConsumer
 from sidecar.transport.message import QueueMessage
@@ -104,7 +104,7 @@ class Parking:
                 self.parked[message.id] = (message, task)
             else:
                 if outcome is Claim.RETAKEN:
-                    self._recorder.count("kafka", "retried")
+                    # Counted as retried when RAGFlow takes it (Runtime.handed_out).
                     logger.info("served task %s taken over from a gone executor", task_id)
                 retaken = outcome is Claim.RETAKEN
                 waiting = KafkaTask(message, task, self._on_ack, retaken=retaken)

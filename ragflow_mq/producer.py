@@ -27,9 +27,8 @@ import valkey.asyncio as avalkey
 
 from ragflow_mq.breaker import Breaker
 from ragflow_mq.claims import divert
-from ragflow_mq.contract import QUEUE_HEADER, SERVED_HEADER, SERVED_SOURCE, Keys
-from ragflow_mq.evidence import Recorder
 from ragflow_mq.loop import BackgroundLoop
+from ragflow_mq.recorder import Recorder
 from ragflow_mq.spread import Spread
 from sidecar.config import Settings
 from sidecar.config.routing import Route, RouteTable
@@ -38,6 +37,7 @@ from sidecar.errors import SidecarError
 from sidecar.transport.base import OutgoingMessage
 from sidecar.transport.kafka import KafkaProducer
 from sidecar.transport.message import encode_task
+from sidecar.wire.contract import QUEUE_HEADER, SERVED_HEADER, SERVED_SOURCE, Keys
 
 logger = logging.getLogger(__name__)
 

@@ -18,18 +18,18 @@ import valkey
 from ragflow_mq.backlog import ServedBacklog
 from ragflow_mq.callers import Callers
 from ragflow_mq.consumer import ServeConsumer
-from ragflow_mq.contract import Keys
-from ragflow_mq.evidence import Recorder, write
 from ragflow_mq.failures import watch_failures
 from ragflow_mq.hand import KafkaTask
 from ragflow_mq.loop import BackgroundLoop
 from ragflow_mq.producer import ServeProducer
+from ragflow_mq.recorder import Recorder, write
 from ragflow_mq.redis_task import RedisTask
 from ragflow_mq.share import LiveShare
 from ragflow_mq.spread import Spread
 from sidecar.config import Settings
 from sidecar.config.routing import RouteTable
 from sidecar.transport.valkey_client import SOCKET_TIMEOUT_S, create_client
+from sidecar.wire.contract import Keys
 
 logger = logging.getLogger(__name__)
 
@@ -251,8 +251,11 @@ class Runtime:
             raise
         return consumer
 
-    def handed_out(self, path: str, task: KafkaTask | RedisTask, task_id: Any) -> None:
-        """RAGFlow holds ``task`` now: its slot is taken, its document may start here."""
+    def handed_out(
+        self, path: str, task: KafkaTask | RedisTask, task_id: Any, *, retried: bool = False
+    ) -> None:
+        """RAGFlow holds ``task`` now: its slot is taken, its document may start here. A task
+        handed out again (``retried``) is counted under the minute its document started."""
         message = task.get_message()
         document = self.routes.route(message, 0).key if isinstance(message, dict) else str(task_id)
         with self._lock:
@@ -264,6 +267,8 @@ class Runtime:
         wait_ms = task.queue_wait_ms
         if wait_ms is not None:
             self.recorder.first(path, "started", document, latency="queue_wait", ms=wait_ms)
+        if retried:
+            self.recorder.of_document(path, "retried", document)
         self.callers.handed(task)
 
     def _gave_up(self, task: KafkaTask | RedisTask) -> None:
@@ -323,15 +328,15 @@ class Runtime:
             return message
         task = RedisTask(message, self.finished)
         self.recorder.count("redis", "started")
-        if retried:
-            self.recorder.count("redis", "retried")
         match = _ENTRY_ID.match(str(task.get_msg_id()))
         if match:
             task.queue_wait_ms = time.time() * 1000 - int(match[1])
             self.recorder.observe("redis", "queue_wait", task.queue_wait_ms)
         body = task.get_message()
         if isinstance(body, dict):
-            self.handed_out("redis", task, body.get("id"))
+            self.handed_out("redis", task, body.get("id"), retried=retried)
+        elif retried:
+            self.recorder.count("redis", "retried")  # no document to file it under
         return task
 
     def kafka_first(self, queue: str) -> bool:

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ragflow_mq.claims import Claims
-from ragflow_mq.evidence import Recorder
 from ragflow_mq.hand import Hand, KafkaTask, queue_of
 from ragflow_mq.pending import decode_entry, encode_entry
+from ragflow_mq.recorder import Recorder
 from ragflow_mq.store_health import read_facts, read_identity, say_risks
 from sidecar.config import Settings
 from sidecar.errors import MessageDecodeError, SidecarError
@@ -106,7 +106,6 @@ class Upkeep:
             except (ValueError, KeyError, MessageDecodeError) as exc:
                 logger.error("pending served task %s cannot be read, left as is: %s", task_id, exc)
                 continue
-            self._recorder.count("kafka", "retried")
             logger.info("served task %s taken back from its consumer's pending list", task_id)
             waiting = KafkaTask(message, task, self._on_ack, retaken=True, replayed=True)
             self._hand.wait(queue_of(message), waiting)

@@ -21,7 +21,6 @@ import pytest
 import valkey.asyncio as avalkey
 from aiokafka import AIOKafkaProducer
 
-from ragflow_mq.contract import Keys
 from ragflow_mq.producer import served_headers
 from sidecar.cli.reconcile import reconcile, render_report
 from sidecar.config import Settings
@@ -32,6 +31,7 @@ from sidecar.transport import KafkaConsumer, KafkaProducer
 from sidecar.transport.base import OutgoingMessage, SendResult
 from sidecar.transport.topic_reader import read_topics
 from sidecar.transport.topics import DLQ_TOPIC, init_topics
+from sidecar.wire.contract import Keys
 
 pytestmark = pytest.mark.kafka39
 

@@ -21,14 +21,14 @@ from typing import Any, cast
 import pytest
 import valkey
 
-from ragflow_mq.contract import Keys
-from ragflow_mq.evidence import Recorder, write
+from ragflow_mq.recorder import Recorder, write
 from sidecar.cli.main import main
 from sidecar.config import Settings
 from sidecar.dev.local_stack import LocalStack
 from sidecar.transport import KafkaProducer
 from sidecar.transport.topics import VERDICTS_TOPIC, init_topics
 from sidecar.verdicts.model import Verdict, VerdictRecord
+from sidecar.wire.contract import Keys
 from tests.conftest import free_port
 
 MIN_SAMPLE = 50

@@ -9,8 +9,7 @@ from collections.abc import Mapping
 import numpy as np
 import pytest
 
-from ragflow_mq.contract import LEGACY_BUCKETS_MS
-from ragflow_mq.evidence import SHARED_BUCKETS_MS, Evidence, Recorder
+from ragflow_mq.recorder import Recorder
 from sidecar.serve.gate_stats import TESTS, SequentialResult, run_tests
 from sidecar.serve.sequential import (
     COUNT_MIXTURE,
@@ -20,6 +19,8 @@ from sidecar.serve.sequential import (
     shares,
     tilt_log_ratios,
 )
+from sidecar.wire.contract import LEGACY_BUCKETS_MS
+from sidecar.wire.evidence import SHARED_BUCKETS_MS, Evidence
 
 ALPHA = 0.01
 FLOOR_MS = 1000.0

@@ -8,10 +8,10 @@ import math
 import numpy as np
 import pytest
 
-from ragflow_mq.evidence import Evidence
 from sidecar.config.serve import GateSettings
 from sidecar.serve.gate_checks import Judged, analyse
 from sidecar.serve.margins import margin_at, run_margins
+from sidecar.wire.evidence import Evidence
 from tests.test_gate_stats import minute_of
 
 MARGINS = GateSettings().margins

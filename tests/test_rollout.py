@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import valkey
 
-from ragflow_mq.contract import Keys
 from sidecar.config import Settings
 from sidecar.dev.local_stack import LocalStack, LocalValkey
 from sidecar.errors import ConfigError
 from sidecar.rollout.autopilot import Autopilot
 from sidecar.rollout.machine import GateView, RolloutState
 from sidecar.serve.share import read_status
+from sidecar.wire.contract import Keys
 from tests.ragflow_support import wait_until
 from tests.rollout_support import start_autopilot
 

@@ -12,14 +12,15 @@ from pathlib import Path
 
 import valkey.asyncio as avalkey
 
-from ragflow_mq.contract import Keys
-from ragflow_mq.evidence import Recorder, write
+from ragflow_mq.recorder import Recorder, write
 from sidecar.config import Settings
 from sidecar.dev.local_stack import LocalStack
 from sidecar.rollout.autopilot import Autopilot
 from sidecar.rollout.machine import Decision, RolloutState
 from sidecar.rollout.store import RolloutKeys
+from sidecar.serve.gate_source import SETTLED_MINUTES
 from sidecar.transport.topics import init_topics
+from sidecar.wire.contract import Keys
 from tests.ragflow_support import wait_until
 from tests.rollout_support import start_autopilot
 
@@ -73,15 +74,17 @@ async def _decisions(client: avalkey.Valkey, unique: str) -> list[Decision]:
 async def test_killed_with_9_and_started_again_mid_step_it_keeps_its_evidence_and_decision(
     stack: LocalStack, unique: str, valkey_client: avalkey.Valkey, tmp_path: Path
 ) -> None:
-    """A step ten minutes old whose Kafka path fails more: the first autopilot holds on that
+    """A step two hours old whose Kafka path fails more: the first autopilot holds on that
     evidence; killed with -9, its minutes' own keys lapse (as after two days), and the second
     one decides the same from the rollout's ledger."""
     now_s = time.time()
-    started_ms = int((now_s - 600) * 1000)
+    started_ms = int((now_s - 7200) * 1000)
     state = RolloutState("ramping", 0, 10.0, started_ms, started_ms, updated_ms=started_ms)
     await valkey_client.set(RolloutKeys(unique).state, state.to_json())
     recorder = Recorder()
-    minutes = [now_s - 60 * back for back in range(8, 4, -1)]  # settled, after the start
+    # Settled (SETTLED_MINUTES old, when no outcome is filed under them any more), after the
+    # start.
+    minutes = [now_s - 60 * back for back in range(SETTLED_MINUTES + 8, SETTLED_MINUTES + 4, -1)]
     for at_s in minutes:
         _documents(recorder, "kafka", at_s, 10, failed=1)
         _documents(recorder, "redis", at_s, 40)

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 import valkey.asyncio as avalkey
 
-from ragflow_mq.contract import QUEUE_HEADER, SERVED_HEADER, Keys
 from sidecar.cli.reconcile import reconcile
 from sidecar.dev.local_stack import LocalStack
 from sidecar.serve.drain import drain_to_redis
@@ -20,6 +19,7 @@ from sidecar.transport.kafka import KafkaProducer
 from sidecar.transport.message import encode_task
 from sidecar.transport.topic_reader import read_topics
 from sidecar.transport.topics import DLQ_TOPIC, init_topics
+from sidecar.wire.contract import QUEUE_HEADER, SERVED_HEADER, Keys
 from tests.ragflow_support import assert_exactly_once, pending_count, read_produced, wait_until
 from tests.serve_support import ServeWorld, by_path, make_world
 

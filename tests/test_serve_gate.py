@@ -8,24 +8,25 @@ from pathlib import Path
 
 import valkey.asyncio as avalkey
 
-from ragflow_mq.contract import Keys
 from sidecar.config import Settings
 from sidecar.dev.local_stack import LocalStack
 from sidecar.serve.gate import collect
 from sidecar.serve.gate_checks import HOLD, PROMOTE, ROLLBACK
 from sidecar.transport.topics import init_topics
+from sidecar.wire.contract import Keys
 from tests.ragflow_support import read_produced, wait_until
 from tests.serve_support import ServeWorld, by_path, make_world
 
 # Test-sized: tens of documents a path. The margins are the harm to all documents at 100 %;
 # tens of documents bound a failure rate to tens of points (tests/test_margins.py has the
-# defaults').
+# defaults'). Queue waits here are milliseconds, which vary by multiples from run to run: at 32
+# Kafka documents a clean run's bound on their ratio came out x3.92 once, so its margin is x5.
 GATE = {
     "GATE_MIN_DOCUMENTS": "20",
     "GATE_MIN_VERDICTS": "100",
     "GATE_FAILED_MARGIN_POINTS": "60",
     "GATE_PROCESSING_MARGIN_RATIO": "3",
-    "GATE_QUEUE_WAIT_MARGIN_RATIO": "3",
+    "GATE_QUEUE_WAIT_MARGIN_RATIO": "5",
 }
 
 

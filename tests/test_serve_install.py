@@ -21,9 +21,9 @@ import pytest
 import valkey
 
 import ragflow_mq
-from ragflow_mq.evidence import Recorder
 from ragflow_mq.loop import BackgroundLoop
 from ragflow_mq.producer import ServeProducer
+from ragflow_mq.recorder import Recorder
 from ragflow_mq.spread import Spread
 from sidecar.config import Settings
 from sidecar.config.routing import RouteTable

@@ -12,16 +12,16 @@ import pytest
 
 from ragflow_mq import consumer as consumer_module
 from ragflow_mq.consumer import ServeConsumer
-from ragflow_mq.contract import Keys
-from ragflow_mq.evidence import Recorder
 from ragflow_mq.hand import KafkaTask
 from ragflow_mq.producer import served_headers
+from ragflow_mq.recorder import Recorder
 from sidecar.config import Settings
 from sidecar.config.routing import Route, RouteTable
 from sidecar.dev.local_stack import LocalStack, LocalValkey
 from sidecar.transport.kafka import KafkaProducer
 from sidecar.transport.partitioner import key_partition
 from sidecar.transport.valkey_client import create_client
+from sidecar.wire.contract import Keys
 from tests.conftest import free_port
 from tests.ragflow_support import wait_until
 from tests.serve_support import ServeWorld, make_world

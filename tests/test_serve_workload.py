@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import valkey.asyncio as avalkey
 
-from ragflow_mq.contract import Keys
 from ragflow_mq.producer import served_headers
 from sidecar.config.routing import RouteTable
 from sidecar.dev.local_stack import LocalStack
 from sidecar.transport.kafka import KafkaProducer
 from sidecar.transport.message import encode_task
+from sidecar.wire.contract import Keys
 from tests.ragflow_support import pending_count, progress, read_produced, wait_until
 from tests.serve_support import ServeWorld, by_path, make_world
 

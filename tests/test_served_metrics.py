@@ -9,13 +9,13 @@ import time
 import valkey.asyncio as avalkey
 from prometheus_client import generate_latest
 
-from ragflow_mq.contract import EVENTS, PATHS, Keys
-from ragflow_mq.evidence import Recorder, write
+from ragflow_mq.recorder import Recorder, write
 from sidecar.app.wiring import ValkeyClient
 from sidecar.config import Settings
 from sidecar.dev.local_stack import LocalStack
 from sidecar.serve.served_metrics import ServedEvidencePoller, register_served_metrics
 from sidecar.telemetry.metrics import SidecarMetrics
+from sidecar.wire.contract import EVENTS, PATHS, Keys
 from tests.conftest import free_port
 from tests.test_metrics import sample
 

@@ -18,11 +18,11 @@ import valkey
 import valkey.asyncio as avalkey
 
 import sidecar.serve.share as share_module
-from ragflow_mq.contract import Keys
 from sidecar.cli.main import main
 from sidecar.config.routing import RouteTable
 from sidecar.config.traffic import in_traffic_share
 from sidecar.dev.local_stack import LocalStack
+from sidecar.wire.contract import Keys
 from tests.ragflow_support import assert_exactly_once, read_produced
 from tests.serve_support import ServeWorld, make_world
 

@@ -11,8 +11,6 @@ import numpy as np
 import pytest
 from scipy.stats import binom
 
-from ragflow_mq.evidence import Evidence
-from ragflow_mq.share import ShareValues
 from sidecar.config import Settings
 from sidecar.config.rollout import RolloutSettings
 from sidecar.config.serve import GateSettings
@@ -31,6 +29,8 @@ from sidecar.serve.sequential import (
     dominating,
     upper_rate,
 )
+from sidecar.wire.evidence import Evidence
+from sidecar.wire.share import ShareValues
 from tests.test_gate_stats import minute_of
 
 ALPHA = 0.01

@@ -13,7 +13,6 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from sidecar import __version__
 from sidecar.app.service import Sidecar
 from sidecar.app.state_store import warn_if_evicting
 from sidecar.app.supervisor import run_until_signal
@@ -47,6 +46,7 @@ from sidecar.transport.kafka import KafkaProducer, check_login
 from sidecar.transport.topics import init_topics
 from sidecar.transport.valkey_client import ping
 from sidecar.verdicts.reader import parse_since, read_verdicts
+from sidecar.version import __version__
 
 logger = logging.getLogger("sidecar.cli.main")
 

@@ -1,4 +1,4 @@
-"""The text and JSON renderings of a :class:`~sidecar.cli.reconcile.ReconcileReport`.
+"""The text and JSON renderings of a :class:`~sidecar.cli.reconcile_report.ReconcileReport`.
 
 Apart from the accounting so that ``reconcile.py`` stays readable; ``sidecar.cli.reconcile``
 re-exports both functions.
@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from sidecar.cli.reconcile import ReconcileReport
+from sidecar.cli.reconcile_report import ReconcileReport
 
 SAMPLE_LIMIT = 20  # ids listed per kind in the table; --json lists every one
 

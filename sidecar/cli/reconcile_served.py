@@ -17,9 +17,9 @@ from typing import Any
 
 import valkey.asyncio as avalkey
 
-from ragflow_mq.contract import Keys
 from sidecar.transport.redis_streams import MESSAGE_FIELD
 from sidecar.transport.served import served_queue, target_stream
+from sidecar.wire.contract import Keys
 
 # Keys per MGET and entries per pipeline: bounded round trips without one huge reply.
 _CHUNK = 500

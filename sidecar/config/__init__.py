@@ -21,16 +21,20 @@ from sidecar.config.model import (
     TracingSettings,
 )
 from sidecar.config.rollout import RolloutSettings, check_plan
-from sidecar.config.routing import (
-    CANVAS_DEBUG_DOC_ID,
-    FAKE_DOC_ID,
-    KNOWN_TASK_TYPES,
-    Route,
-    RouteTable,
-)
+from sidecar.config.routing import KNOWN_TASK_TYPES, Route, RouteTable
 from sidecar.config.serve import GATE_VARIABLES, SERVE_VARIABLES, GateSettings, ServeSettings
 from sidecar.config.service_conf import expand_variables
 from sidecar.config.settings import KNOWN_VARIABLES, Settings
+from sidecar.config.task_kinds import (
+    CANVAS_DEBUG_DOC_ID,
+    DATASET_WIDE_TYPES,
+    FAKE_DOC_ID,
+    PARSE,
+    ROW_OF_TYPE,
+    DryRunCheck,
+    TaskKind,
+    TaskKindRow,
+)
 from sidecar.config.traffic import in_traffic_share
 from sidecar.transport.options import KafkaSettings, RedisSettings, Secret, SecurityProtocol
 
@@ -59,12 +63,19 @@ __all__ += [
     "TracingSettings",
     "check_plan",
 ]
-# Routing and the traffic share, read by the stages and ragflow_mq at run time.
+# RAGFlow's task kinds, the routing built from them and the traffic share, read by the stages
+# and ragflow_mq at run time.
 __all__ += [
     "CANVAS_DEBUG_DOC_ID",
+    "DATASET_WIDE_TYPES",
     "FAKE_DOC_ID",
     "KNOWN_TASK_TYPES",
+    "PARSE",
+    "ROW_OF_TYPE",
+    "DryRunCheck",
     "Route",
     "RouteTable",
+    "TaskKind",
+    "TaskKindRow",
     "in_traffic_share",
 ]

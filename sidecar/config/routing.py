@@ -1,55 +1,40 @@
 """Which Kafka topic and key a RAGFlow task goes to (seed design 3.2).
 
-The table is data: task_type patterns (exact, or a prefix ending in ``*``) to topics, which
-``MIRROR_ROUTES`` can extend or override. Keys keep per-document order: ``doc_id`` for
-document tasks, the task ``id`` for dataset-wide jobs (whose ``doc_id`` is the shared fake id
-``graph_raptor_x``) and canvas debug runs (all of which carry ``doc_id`` ``dataflow_x``),
-``memory_id`` for memory tasks: each document, memory and run its own place in the shares and
-the partitions.
+The built-in routes are data, the patterns and topics of RAGFlow's task kinds
+(:mod:`sidecar.config.task_kinds`), which ``MIRROR_ROUTES`` can extend or override. Keys keep
+per-document order: ``doc_id`` for document tasks, the task ``id`` for dataset-wide jobs (whose
+``doc_id`` is the shared fake id ``graph_raptor_x``) and canvas debug runs (all of which carry
+``doc_id`` ``dataflow_x``), ``memory_id`` for memory tasks: each document, memory and run its
+own place in the shares and the partitions.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
-from sidecar.transport.topics import (
-    DATAFLOW_TOPIC,
-    GRAPHRAG_TOPIC,
-    MEMORY_TOPIC,
-    PARSE_PRIORITY_TOPIC,
-    PARSE_TOPIC,
+from sidecar.config.task_kinds import (
+    CANVAS_DEBUG_DOC_ID,
+    FAKE_DOC_ID,
+    KEY_OF_KIND,
+    KIND_OF_TOPIC,
+    PARSE,
+    TASK_KINDS,
+    PatternMap,
+    TaskKind,
 )
+from sidecar.transport.topics import PARSE_PRIORITY_TOPIC
 
-FAKE_DOC_ID = "graph_raptor_x"
-# RAGFlow's CANVAS_DEBUG_DOC_ID: one doc id for every canvas debug run, not a document.
-CANVAS_DEBUG_DOC_ID = "dataflow_x"
-PARSE = "parse"  # what a task without task_type is
 # Not a task type: the key of MIRROR_ROUTES that moves the priority parse topic.
 PRIORITY_PARSE = "parse.priority"
+# The task type whose topic takes a dataset-wide job without a task_type.
+_DATASET_TYPE = "graphrag"
 
-DEFAULT_ROUTES: dict[str, str] = {
-    PARSE: PARSE_TOPIC,
-    "dataflow*": DATAFLOW_TOPIC,
-    "graphrag": GRAPHRAG_TOPIC,
-    "raptor": GRAPHRAG_TOPIC,
-    "mindmap": GRAPHRAG_TOPIC,
-    "wiki": GRAPHRAG_TOPIC,
-    "skill": GRAPHRAG_TOPIC,
-    "structure*": GRAPHRAG_TOPIC,
-    "timeline": GRAPHRAG_TOPIC,
-    "session_*": GRAPHRAG_TOPIC,
-    "memory": MEMORY_TOPIC,
-}
+DEFAULT_ROUTES: dict[str, str] = {row.pattern: row.topic for row in TASK_KINDS}
 
-# The task types known by name (the exact patterns, and dataflow, RAGFlow's own under its
-# prefix): the labels whose counters are exported at 0 before their first task.
-KNOWN_TASK_TYPES: tuple[str, ...] = (
-    *(pattern for pattern in DEFAULT_ROUTES if not pattern.endswith("*")),
-    "dataflow",
-)
-
-Kind = Literal["parse", "dataflow", "dataset", "memory", "other"]
+# The task types known by name (the exact patterns): the labels whose counters are exported at
+# 0 before their first task.
+KNOWN_TASK_TYPES: tuple[str, ...] = tuple(row.pattern for row in TASK_KINDS if not row.is_prefix)
 
 
 # A NamedTuple, not a frozen dataclass: the mirror builds one per task on its hot path.
@@ -59,33 +44,32 @@ class Route(NamedTuple):
     topic: str
     key: str
     task_type: str
-    kind: Kind
+    kind: TaskKind
     known_type: bool
 
 
 class RouteTable:
-    """Task type to topic; the first exact match wins, then the longest matching prefix."""
+    """Task type to topic: ``MIRROR_ROUTES`` first, then the built-in table; in each, the exact
+    name first, then the longest matching prefix. An override thus wins over every built-in
+    name it covers: ``structure*`` takes ``structure_graph`` too."""
 
     def __init__(
         self,
         overrides: Iterable[tuple[str, str]] = (),
         priority_parse_topic: str = PARSE_PRIORITY_TOPIC,
     ) -> None:
-        table = dict(DEFAULT_ROUTES)
-        table.update(overrides)
-        priority_parse_topic = table.pop(PRIORITY_PARSE, priority_parse_topic)
-        self._exact = {k: v for k, v in table.items() if not k.endswith("*")}
-        self._prefixes = sorted(
-            ((k[:-1], v) for k, v in table.items() if k.endswith("*")),
-            key=lambda item: -len(item[0]),
-        )
+        chosen = dict(overrides)
+        priority_parse_topic = chosen.pop(PRIORITY_PARSE, priority_parse_topic)
+        self._overrides = PatternMap(chosen.items())
+        self._defaults = PatternMap(DEFAULT_ROUTES.items())
+        self._all_topics = {*{**DEFAULT_ROUTES, **chosen}.values(), priority_parse_topic}
         self._priority_parse_topic = priority_parse_topic
-        self._parse_topic = self._exact.get(PARSE, PARSE_TOPIC)
-        self._dataset_topic = self._exact.get("graphrag", GRAPHRAG_TOPIC)
+        self._parse_topic = self._topic_for(PARSE) or DEFAULT_ROUTES[PARSE]
+        self._dataset_topic = self._topic_for(_DATASET_TYPE) or DEFAULT_ROUTES[_DATASET_TYPE]
 
     @property
     def topics(self) -> set[str]:
-        return {*self._exact.values(), *(t for _, t in self._prefixes), self._priority_parse_topic}
+        return set(self._all_topics)
 
     @property
     def priority_parse_topic(self) -> str:
@@ -97,12 +81,7 @@ class RouteTable:
         return [self._priority_parse_topic, *rest]
 
     def _topic_for(self, task_type: str) -> str | None:
-        if task_type in self._exact:
-            return self._exact[task_type]
-        for prefix, topic in self._prefixes:
-            if task_type.startswith(prefix):
-                return topic
-        return None
+        return self._overrides.get(task_type) or self._defaults.get(task_type)
 
     def route(self, task: Mapping[str, Any], priority: int) -> Route:
         """The route of a decoded task read from a stream of ``priority`` (0 or 1)."""
@@ -120,7 +99,7 @@ class RouteTable:
         if topic == self._parse_topic and priority >= 1 and known:
             topic = self._priority_parse_topic
         kind = _kind(topic, dataset_wide)
-        if kind == "memory":
+        if kind != "unknown" and KEY_OF_KIND[kind] == "memory_id":
             key = str(task.get("memory_id") or task.get("id"))
         elif (
             not doc_id
@@ -135,14 +114,5 @@ class RouteTable:
         return Route(topic, key, task_type, kind, known)
 
 
-_KIND_OF_TOPIC: dict[str, Kind] = {
-    PARSE_TOPIC: "parse",
-    PARSE_PRIORITY_TOPIC: "parse",
-    DATAFLOW_TOPIC: "dataflow",
-    GRAPHRAG_TOPIC: "dataset",
-    MEMORY_TOPIC: "memory",
-}
-
-
-def _kind(topic: str, dataset_wide: bool) -> Kind:
-    return "dataset" if dataset_wide else _KIND_OF_TOPIC.get(topic, "other")
+def _kind(topic: str, dataset_wide: bool) -> TaskKind:
+    return "dataset" if dataset_wide else KIND_OF_TOPIC.get(topic, "unknown")

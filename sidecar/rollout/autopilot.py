@@ -19,7 +19,6 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 
-from ragflow_mq.evidence import Evidence
 from sidecar.config import Settings
 from sidecar.config.rollout import check_plan
 from sidecar.errors import SidecarError
@@ -30,6 +29,7 @@ from sidecar.serve.gate_checks import DECISIONS
 from sidecar.serve.gate_source import Following, GateSource, OneLook
 from sidecar.serve.share import set_share
 from sidecar.transport.valkey_client import create_client
+from sidecar.wire.evidence import Evidence
 
 logger = logging.getLogger(__name__)
 

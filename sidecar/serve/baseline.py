@@ -40,7 +40,6 @@ from typing import Any, Final
 
 import numpy as np
 
-from ragflow_mq.evidence import Evidence, PathEvidence, histograms
 from sidecar.serve import histograms as hist
 from sidecar.serve.gate_stats import (
     COUNT_TESTS,
@@ -64,6 +63,7 @@ from sidecar.serve.sequential import (
     log_e_value,
     upper_rate,
 )
+from sidecar.wire.evidence import Evidence, PathEvidence, histograms
 
 MINUTE_MS: Final = 60_000
 

@@ -32,8 +32,6 @@ from typing import Any
 from aiokafka.admin import AIOKafkaAdminClient
 from valkey.commands.core import AsyncScript
 
-from ragflow_mq.claims import REDIS_MARKER
-from ragflow_mq.contract import Keys
 from sidecar.config import Settings
 from sidecar.config.routing import RouteTable
 from sidecar.errors import MessageQueueError, SidecarError
@@ -50,6 +48,7 @@ from sidecar.transport.redis_streams import MESSAGE_FIELD
 from sidecar.transport.served import is_served, served_queue, target_stream
 from sidecar.transport.topics import DLQ_TOPIC
 from sidecar.transport.valkey_client import create_client, translate_valkey_errors
+from sidecar.wire.contract import REDIS_MARKER, Keys
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ Two kinds of evidence over one window decide whether the share may go up:
 
 - judged: the final verdicts the sidecar published about the mirrored streams (``match`` rate,
   ``missing_*`` counts), read from the verdicts topic without a consumer group;
-- served: what RAGFlow's own processes recorded per path (``ragflow_mq.evidence``) while they
+- served: what RAGFlow's own processes recorded per path (``ragflow_mq.recorder``) while they
   executed tasks from Redis and from Kafka, minute by minute: failed, retried and
   dead-lettered tasks, processing and queue-wait times, compared by sequential tests whose
   error rate (``GATE_ALPHA``) holds however often the gate is asked over a window that starts
@@ -26,9 +26,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from ragflow_mq.contract import EVENTS, EVIDENCE_TTL_S, PATHS
-from ragflow_mq.evidence import Evidence, PathEvidence
-from ragflow_mq.share import ShareValues
 from sidecar.config import Settings
 from sidecar.errors import ConfigError
 from sidecar.serve.baseline import Baseline
@@ -51,6 +48,9 @@ from sidecar.serve.gate_source import (
 )
 from sidecar.serve.gate_stats import TESTS
 from sidecar.verdicts.reader import parse_since
+from sidecar.wire.contract import EVENTS, EVIDENCE_TTL_S, PATHS
+from sidecar.wire.evidence import Evidence, PathEvidence
+from sidecar.wire.share import ShareValues
 
 TESTED_NAMES = frozenset(
     name for names in (TEST_NAMES, BASELINE_NAMES) for name, _ in names.values()

@@ -17,12 +17,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from ragflow_mq.contract import PATHS
-from ragflow_mq.evidence import Evidence
 from sidecar.config.serve import GateSettings
 from sidecar.serve.baseline import Baseline, run_baseline_tests
 from sidecar.serve.gate_stats import TESTS, SequentialResult, run_tests
 from sidecar.serve.margins import MarginResult, run_margins
+from sidecar.wire.contract import PATHS
+from sidecar.wire.evidence import Evidence
 
 PROMOTE: Final = 0
 HOLD: Final = 1

@@ -9,18 +9,21 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any, Final, Protocol
 
-from ragflow_mq.contract import Keys
-from ragflow_mq.evidence import Evidence
-from ragflow_mq.share import ShareValues, share_keys
 from sidecar.config import Settings
 from sidecar.serve.gate_checks import FINAL_VERDICTS, Judged
 from sidecar.transport.valkey_client import create_client, translate_valkey_errors
 from sidecar.verdicts.reader import VerdictFollower, VerdictReadStats, read_verdicts
+from sidecar.wire.contract import ATTRIBUTION_MINUTES, Keys
+from sidecar.wire.evidence import Evidence
+from sidecar.wire.share import ShareValues, share_keys
 
-# A minute this far behind the newest is taken as complete: RAGFlow's processes flush their
-# evidence every few seconds (SERVE_EVIDENCE_FLUSH_S). A process that could not write for
-# longer writes into older minutes when it can; a follower does not see that part.
-SETTLED_MINUTES: Final = 3
+# A minute this far behind the newest is taken as complete: a document's outcome is filed under
+# the minute it started for up to ATTRIBUTION_MINUTES, and RAGFlow's processes flush their
+# evidence every few seconds (SERVE_EVIDENCE_FLUSH_S; 3 minutes leaves room for a slow one). A
+# process that could not write for longer writes into older minutes when it can; a follower
+# does not see that part. Until then a minute is read again at every look (an hour of minute
+# hashes, a few hundred kilobytes).
+SETTLED_MINUTES: Final = ATTRIBUTION_MINUTES + 3
 MINUTE_MS: Final = 60_000
 
 

@@ -9,13 +9,16 @@ each (Bonferroni), each answered with an e-value, an effect estimate and the tas
 - ``processing`` and ``queue_wait``: the whole latency distribution slower on Kafka, one
   sample a document (its first finished task's processing, its first started task's wait).
 
-Failures and latencies are counted by document (``ragflow_mq.contract.DOCUMENT_EVENTS``):
+Failures and latencies are counted by document (``sidecar.wire.contract.DOCUMENT_EVENTS``):
 a document's tasks all take one path and share its fate, a broken PDF failing every page
 range, a large one slow in all of them. Counted by task, ten failures of one document on the
 Kafka path read as ten independent ones, and the tests, built on independent units, rolled a
 healthy shift back (6 % to 33 % of A/A rollouts with 0.5 % to 2 % of documents failing whole,
 ``bench/gate_calibration.py``). Retries and dead letters stay per task: a retry follows an
-executor's death, not its document, and a dead letter has no decodable document.
+executor's death, not its document, and a dead letter has no decodable document. Outcomes and
+retries are filed under the minute their document started on its path
+(``sidecar.wire.contract.ATTRIBUTION_MINUTES``), so each minute's events are its own
+documents'.
 
 A test rolls back once its e-value reaches ``1 / alpha_i`` (``alpha_i = GATE_ALPHA / 5``): the
 five together roll a healthy shift back with probability at most ``GATE_ALPHA``, however long
@@ -34,7 +37,6 @@ from typing import Any, Final, Literal
 
 import numpy as np
 
-from ragflow_mq.evidence import Evidence, histograms
 from sidecar.serve import histograms as hist
 from sidecar.serve.sequential import (
     COUNT_MIXTURE,
@@ -49,6 +51,7 @@ from sidecar.serve.sequential import (
     tilt_estimate,
     tilt_log_ratios,
 )
+from sidecar.wire.evidence import Evidence, histograms
 
 COUNT_TESTS: Final = ("failed", "retried", "dead_lettered")
 LATENCY_TESTS: Final = ("processing", "queue_wait")

@@ -1,6 +1,6 @@
 """The latency histograms as the gate compares them: merged below a floor, scored, summarised.
 
-The bucket layouts and their merging live with the evidence (``ragflow_mq.evidence``); this is
+The bucket layouts and their merging live with the evidence (``sidecar.wire.evidence``); this is
 the sidecar's side: what a bucket counts for in a test (its score, ln of a typical time in it)
 and the effect estimates shown beside a test (ratios of quantiles, and how often a Kafka task
 is slower than a Redis one).

@@ -34,10 +34,10 @@ from typing import Final
 
 import numpy as np
 
-from ragflow_mq.evidence import Evidence, histograms
 from sidecar.serve import histograms as hist
 from sidecar.serve.gate_stats import SAMPLED
 from sidecar.serve.sequential import Array
+from sidecar.wire.evidence import Evidence, histograms
 
 MARGIN_TESTS: Final = ("failed", "processing", "queue_wait")
 # The boundary is tightest about this many Kafka documents' worth of variance.

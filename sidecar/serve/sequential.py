@@ -1,7 +1,7 @@
 """Anytime-valid tests of the served share: mixture likelihood ratios over minute buckets.
 
 Each test asks one question, "is the Kafka path worse than the Redis path?", of the evidence
-RAGFlow's processes record per minute (``ragflow_mq.evidence``). The Kafka share of tasks
+RAGFlow's processes record per minute (``ragflow_mq.recorder``). The Kafka share of tasks
 changes from minute to minute (a ramp, documents of different sizes), so a test never pools
 the paths' counts: it conditions on each minute's own split and multiplies the minutes'
 likelihood ratios. Under "no difference" every minute's ratio has expectation at most 1,

@@ -1,6 +1,6 @@
 """Metrics of the served share: what RAGFlow's own processes recorded in Valkey, per path.
 
-RAGFlow's API server and executors write the evidence (``ragflow_mq.evidence``); the sidecar
+RAGFlow's API server and executors write the evidence (``ragflow_mq.recorder``); the sidecar
 only reads it back. The read is a poller of its own, every ``POLL_INTERVAL_S``, so a scrape
 never waits on Valkey and the data path never pays for it; the instruments' callbacks read the
 values the last poll left. A failed poll keeps the previous values (and says so once).
@@ -19,14 +19,14 @@ from typing import Any, Final
 
 import valkey.asyncio as avalkey
 
-from ragflow_mq.contract import EVENTS, LATENCIES, PATHS, Keys
-from ragflow_mq.evidence import Evidence, window_keys
-from ragflow_mq.share import ShareValues, share_keys
 from sidecar.config import Settings
 from sidecar.errors import SidecarError
 from sidecar.lifecycle import Poller
 from sidecar.telemetry.metrics import SidecarMetrics
 from sidecar.transport.valkey_client import translate_valkey_errors
+from sidecar.wire.contract import EVENTS, LATENCIES, PATHS, Keys
+from sidecar.wire.evidence import Evidence, window_keys
+from sidecar.wire.share import ShareValues, share_keys
 
 POLL_INTERVAL_S: Final = 10.0
 # The latency and failure gauges cover the minute buckets of this recent stretch.

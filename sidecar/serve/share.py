@@ -27,11 +27,11 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, TypeVar
 
-from ragflow_mq.contract import Keys
-from ragflow_mq.share import ShareValues, parse_percent, share_keys
 from sidecar.config import Settings
 from sidecar.errors import ConfigError, SidecarError
 from sidecar.transport.valkey_client import create_client, translate_valkey_errors
+from sidecar.wire.contract import Keys
+from sidecar.wire.share import ShareValues, parse_percent, share_keys
 
 logger = logging.getLogger(__name__)
 

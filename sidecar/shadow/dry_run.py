@@ -6,30 +6,20 @@ fields the handlers after it need; the checks here only read the message.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-from sidecar.config.routing import CANVAS_DEBUG_DOC_ID, FAKE_DOC_ID
-from sidecar.shadow.meta import TaskMeta
-
-# Task types queued per dataset with the fake doc id: the types
-# ``queue_raptor_o_graphrag_tasks`` accepts, which are also the ones ``collect()`` re-reads
-# through ``TaskService.get_task(id, doc_ids)`` (PIPELINE_SPECIAL_PROGRESS_FREEZE_TASK_TYPES).
-DATASET_WIDE_TYPES = frozenset(
-    {
-        "graphrag",
-        "raptor",
-        "mindmap",
-        "wiki",
-        "skill",
-        "structure_graph",
-        "structure_mindmap",
-        "timeline",
-        "session_graph",
-        "session_essence",
-        "structure",
-    }
+from sidecar.config.task_kinds import (
+    CANVAS_DEBUG_DOC_ID,
+    DATASET_WIDE_TYPES,
+    FAKE_DOC_ID,
+    PARSE,
+    ROW_OF_TYPE,
+    DryRunCheck,
+    TaskKind,
+    TaskKindRow,
 )
+from sidecar.shadow.meta import TaskMeta
 
 # The keys RAGFlow's memory producer puts in ``message_dict``. Only these names are ever
 # reported: the values are users' chat text, and other keys could be anything.
@@ -37,7 +27,6 @@ MESSAGE_DICT_KEYS = frozenset({"user_id", "agent_id", "session_id", "user_input"
 # ``save_extracted_to_memory_only`` indexes these two; the others are read with ``.get``.
 MESSAGE_DICT_REQUIRED = ("agent_id", "session_id")
 
-TaskKind = Literal["parse", "dataset", "dataflow", "memory", "unknown"]
 Decision = Literal["process", "cancelled", "reject"]
 # What RAGFlow's ``collect()`` does with the message: hands the task on, acks it early (empty
 # message, no task row found, cancelled), or raises before acking, which leaves the entry
@@ -74,19 +63,14 @@ def ragflow_dry_run(task: dict[str, Any], meta: TaskMeta) -> dict[str, Any]:
     _check_str(task, "id", problems)
     if task_type is None:
         problems.add("type:task_type")
-    kind = _kind(task_type, fake_doc, problems)
+    row = _row(task_type, fake_doc, problems)
+    kind: TaskKind = "unknown" if row is None else row.kind
 
     fields: dict[str, Any] = {"id": _str_or_none(task.get("id"))}
-    if kind == "parse":
-        fields.update(_parse_fields(task, problems))
-    elif kind == "dataset":
-        fields.update(_dataset_fields(task, problems))
-    elif kind == "dataflow":
-        fields.update(_dataflow_fields(task, problems))
-    elif kind == "memory":
-        fields.update(_memory_fields(task, problems))
-    else:
+    if row is None:
         fields["doc_id"] = _str_or_none(doc_id)
+    else:
+        fields.update(CHECKS[row.check](task, problems))
 
     lookup = _collect_lookup(task, raw_type, fake_doc)
     collect: CollectEffect
@@ -138,24 +122,22 @@ def _outcome(
     }
 
 
-def _kind(task_type: str | None, fake_doc: bool, problems: set[str]) -> TaskKind:
+def _row(task_type: str | None, fake_doc: bool, problems: set[str]) -> TaskKindRow | None:
     if task_type is None:
-        return "unknown"
+        return None
     if task_type == "":
         if fake_doc:
             # collect() indexes task_type for fake-doc messages: a KeyError when it is absent.
             problems.add("missing:task_type")
-            return "unknown"
-        return "parse"
-    if task_type == "memory":
-        return "memory"
-    if task_type.startswith("dataflow"):  # the executor's own test; RAGFlow queues
-        return "dataflow"  # "dataflow" and "dataflow_rerun"
-    if task_type in DATASET_WIDE_TYPES:
-        return "dataset"
-    # The executor would run an unknown type as standard chunking; flag it instead.
-    problems.add("task_type:unknown")
-    return "unknown"
+            return None
+        return ROW_OF_TYPE.get(PARSE)
+    row = ROW_OF_TYPE.get(task_type)
+    if row is None or row.pattern == PARSE:
+        # The executor would run an unknown type as standard chunking; flag it instead. RAGFlow
+        # writes no task_type on a parse task, never "parse" itself.
+        problems.add("task_type:unknown")
+        return None
+    return row
 
 
 def _collect_lookup(
@@ -331,3 +313,12 @@ def _str_or_none(value: object) -> str | None:
 
 def _is_str_list(value: object) -> bool:
     return isinstance(value, list) and all(_nonempty_str(v) for v in value)
+
+
+# The fields each check reads, by the name the task kinds' table gives it.
+CHECKS: dict[DryRunCheck, Callable[[Mapping[str, Any], set[str]], dict[str, Any]]] = {
+    "pages": _parse_fields,
+    "doc_ids": _dataset_fields,
+    "dataflow": _dataflow_fields,
+    "memory": _memory_fields,
+}

@@ -35,12 +35,12 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from sidecar import __version__
 from sidecar.config import TracingSettings
 from sidecar.lifecycle import Lifecycle
 from sidecar.telemetry.export import span_processor
 from sidecar.telemetry.propagation import is_unsampled
 from sidecar.telemetry.sampler import build_sampler, follows_links
+from sidecar.version import __version__
 
 logger = logging.getLogger(__name__)
 

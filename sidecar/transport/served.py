@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ragflow_mq.contract import QUEUE_HEADER, SERVED_HEADER
 from sidecar.transport.dead_letter import NAME_LIMIT
+from sidecar.wire.contract import QUEUE_HEADER, SERVED_HEADER
 
 Headers = Sequence[tuple[str, bytes]]
 

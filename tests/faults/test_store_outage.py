@@ -18,8 +18,8 @@ import pytest
 import valkey
 import valkey.asyncio as avalkey
 
-from ragflow_mq.contract import Keys
 from sidecar.dev.local_stack import LocalStack, LocalValkey
+from sidecar.wire.contract import Keys
 from tests.conftest import free_port
 from tests.ragflow_support import assert_exactly_once, pending_count, read_produced, wait_until
 from tests.serve_support import by_path, make_world

@@ -63,7 +63,17 @@ EVIDENCE_TTL_S: Final = 2 * 86400
 # together and they run within hours; a parse started again after this counts anew. About
 # 150 bytes of the state store a document.
 DOCUMENT_TTL_S: Final = 12 * 3600
+# A document's outcome (document_finished, document_failed, document_processing) and its tasks'
+# retries are filed under the minute the document started on its path, so that each minute
+# pairs its documents with their own outcomes: a failure seen minutes later is not compared
+# with the documents that started when it was seen. Only within this horizon: a document that
+# started earlier has its outcome filed under the minute it is seen, since a reader (the
+# autopilot's ledger) takes a minute as final once it is this much plus a flush behind.
+ATTRIBUTION_MINUTES: Final = 60
 DEFAULT_KEY_PREFIX: Final = "ragflow_mq"
+# A task's done marker when Redis has it (diverted before it was enqueued there, or handed back
+# by drain-to-redis): no Kafka record of it may run.
+REDIS_MARKER: Final = "redis"
 
 
 class Keys:
@@ -79,13 +89,17 @@ class Keys:
         # The cap of earlier builds, still honoured (the lower wins) until a shift folds it in.
         self.old_cap = f"{prefix}:serve_cap"
         self.evidence_total = f"{prefix}:evidence:total"
+        # A minute's key less its minute: the recording script files an event under an older
+        # minute by name (``evidence``).
+        self.evidence_minute = f"{prefix}:evidence:"
 
     def evidence(self, minute: int) -> str:
         """Per-minute counts (``minute`` = epoch seconds // 60), kept two days."""
-        return f"{self.prefix}:evidence:{minute}"
+        return f"{self.evidence_minute}{minute}"
 
     def document(self, document: str) -> str:
-        """Which of a document's first events were counted, per path (``kafka:finished``)."""
+        """Which of a document's first events were counted, per path (``kafka:finished``), and
+        the minute it started on each path (``kafka:started``)."""
         return f"{self.prefix}:evidence:document:{document}"
 
     def claim(self, task_id: str) -> str:
