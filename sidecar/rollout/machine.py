@@ -1,11 +1,10 @@
 """The autopilot as a small state machine: each look at the gate is one transition, recorded
 with its reason. Pure (no I/O), so every rule can be read and tried on its own.
 
-Phases: ``ramping`` (a step of the plan is in force; promoted once its dwell and its evidence
-are in and the gate promotes), ``watching`` (the last step is in force; the gate keeps
-judging it), ``paused`` (an operator froze the share where it is), ``rolled_back`` (the gate
-said roll back: the share went to 0 or the last good step; stays until ``resume``) and
-``aborted`` (an operator took the share to 0; stays until ``resume``).
+The phases, the triggers and every move between them are one table,
+:data:`~sidecar.rollout.transitions.TRANSITIONS`: :func:`decide` and :func:`command` name the
+trigger, take its row and do what the row says; this module holds the state and the rules
+that choose the trigger.
 """
 
 from __future__ import annotations
