@@ -37,3 +37,14 @@ if _missing := missing_modules():
         "for RAGFlow's processes)\n"
     )
     raise SystemExit(2)
+
+# Only after the check above: these need the extra. The entry point, ``main``, stays in
+# sidecar.cli.main (exporting it would hide that module behind the function).
+from sidecar.cli.diffs import render_diffs  # noqa: E402
+from sidecar.cli.roundtrip import round_trip  # noqa: E402
+
+# What the demo renders and runs.
+__all__ = [
+    "render_diffs",
+    "round_trip",
+]

@@ -20,14 +20,33 @@ from sidecar.config.model import (
     ShadowSettings,
     TracingSettings,
 )
+from sidecar.config.rollout import RolloutSettings, check_plan
+from sidecar.config.routing import KNOWN_TASK_TYPES, Route, RouteTable
 from sidecar.config.serve import GATE_VARIABLES, SERVE_VARIABLES, GateSettings, ServeSettings
 from sidecar.config.service_conf import expand_variables
 from sidecar.config.settings import KNOWN_VARIABLES, Settings
+from sidecar.config.task_kinds import (
+    CANVAS_DEBUG_DOC_ID,
+    DATASET_WIDE_TYPES,
+    FAKE_DOC_ID,
+    PARSE,
+    ROW_OF_TYPE,
+    DryRunCheck,
+    TaskKind,
+    TaskKindRow,
+)
+from sidecar.config.traffic import in_traffic_share
 from sidecar.transport.options import KafkaSettings, RedisSettings, Secret, SecurityProtocol
 
+# The settings object and where its values come from.
 __all__ = [
-    "GATE_VARIABLES",
     "KNOWN_VARIABLES",
+    "Settings",
+    "expand_variables",
+]
+# Its sections.
+__all__ += [
+    "GATE_VARIABLES",
     "MQ_BACKENDS",
     "SERVE_VARIABLES",
     "GateSettings",
@@ -36,11 +55,27 @@ __all__ = [
     "MetricsSettings",
     "MirrorSettings",
     "RedisSettings",
+    "RolloutSettings",
     "Secret",
     "SecurityProtocol",
     "ServeSettings",
-    "Settings",
     "ShadowSettings",
     "TracingSettings",
-    "expand_variables",
+    "check_plan",
+]
+# RAGFlow's task kinds, the routing built from them and the traffic share, read by the stages
+# and ragflow_mq at run time.
+__all__ += [
+    "CANVAS_DEBUG_DOC_ID",
+    "DATASET_WIDE_TYPES",
+    "FAKE_DOC_ID",
+    "KNOWN_TASK_TYPES",
+    "PARSE",
+    "ROW_OF_TYPE",
+    "DryRunCheck",
+    "Route",
+    "RouteTable",
+    "TaskKind",
+    "TaskKindRow",
+    "in_traffic_share",
 ]

@@ -9,3 +9,28 @@ that no longer heartbeat nor read, with entries in hand), and the group lag RAGF
 The modules: ``findings`` (the finding and the exit code), ``stores`` (a Valkey's eviction and
 persistence), ``executors`` (consumers, liveness, orphans, lag), ``requeue`` (the move).
 """
+
+from sidecar.doctor.collect import read_executors, read_stores
+from sidecar.doctor.executors import DEFAULT_OLDER_THAN
+from sidecar.doctor.findings import exit_code, render
+from sidecar.doctor.poller import DoctorPoller, register_doctor_metrics
+from sidecar.doctor.requeue import REQUEUED_KEY, requeue_orphans
+
+# The command: read, render, exit code.
+__all__ = [
+    "DEFAULT_OLDER_THAN",
+    "exit_code",
+    "read_executors",
+    "read_stores",
+    "render",
+]
+# Requeueing orphans.
+__all__ += [
+    "REQUEUED_KEY",
+    "requeue_orphans",
+]
+# The findings as metrics, in the sidecar.
+__all__ += [
+    "DoctorPoller",
+    "register_doctor_metrics",
+]

@@ -1,11 +1,10 @@
 """The autopilot as a small state machine: each look at the gate is one transition, recorded
 with its reason. Pure (no I/O), so every rule can be read and tried on its own.
 
-Phases: ``ramping`` (a step of the plan is in force; promoted once its dwell and its evidence
-are in and the gate promotes), ``watching`` (the last step is in force; the gate keeps
-judging it), ``paused`` (an operator froze the share where it is), ``rolled_back`` (the gate
-said roll back: the share went to 0 or the last good step; stays until ``resume``) and
-``aborted`` (an operator took the share to 0; stays until ``resume``).
+The phases, the triggers and every move between them are one table,
+:data:`~sidecar.rollout.transitions.TRANSITIONS`: :func:`decide` and :func:`command` name the
+trigger, take its row and do what the row says; this module holds the state and the rules
+that choose the trigger.
 """
 
 from __future__ import annotations
@@ -13,19 +12,34 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import Any
 
 from sidecar.config.rollout import RolloutSettings
+from sidecar.rollout.transitions import (
+    ACTIONS,
+    COMMANDS,
+    PHASES,
+    STOPPED,
+    Action,
+    Command,
+    GateDecision,
+    Phase,
+    Transition,
+    Trigger,
+    transition,
+)
 
-Phase = Literal["ramping", "watching", "paused", "rolled_back", "aborted"]
-PHASES: Final[tuple[Phase, ...]] = ("ramping", "watching", "paused", "rolled_back", "aborted")
-Action = Literal["start", "promote", "hold", "rollback", "pause", "resume", "abort"]
-ACTIONS: Final[tuple[Action, ...]] = (
-    "start", "promote", "hold", "rollback", "pause", "resume", "abort",
-)  # fmt: skip
-Command = Literal["pause", "resume", "abort"]
-COMMANDS: Final[tuple[Command, ...]] = ("pause", "resume", "abort")
-GateDecision = Literal["promote", "hold", "rollback"]
+# The vocabulary, whose single source is .transitions; then the machine.
+__all__ = ["ACTIONS", "COMMANDS", "PHASES", "Action", "Command", "GateDecision", "Phase"]
+__all__ += [
+    "Decision",
+    "EvidenceNeeded",
+    "GateView",
+    "RolloutState",
+    "command",
+    "decide",
+    "evidence_needed",
+]
 
 
 @dataclass(frozen=True)
@@ -130,50 +144,14 @@ def decide(
 ) -> tuple[RolloutState, Decision]:
     """The next state and the decision that leads there; ``gate`` is ``None`` when the gate
     was not asked (a phase that does not move on its own)."""
-    if state.phase in ("paused", "rolled_back", "aborted"):
-        return _hold(state, now_ms, f"{state.phase}: waiting for `rollout resume`")
-    if state.step < 0:
-        return _move(
-            state, "start", "ramping", 0, plan, now_ms=now_ms, reason="the plan's first step"
-        )
-    if gate is None:
-        return _hold(state, now_ms, "the gate was not read")
-    evidence = {
-        "kafka_documents": gate.kafka_documents,
-        "redis_documents": gate.redis_documents,
-        "gate": gate.decision,
-    }
-    if gate.decision == "rollback":
-        back = state.last_good if plan.on_rollback == "last_good" else 0.0
-        reason = "the gate rolls back: " + "; ".join(gate.reasons or ("no reason given",))
-        new = dataclasses.replace(
-            state, phase="rolled_back", share=back, step_since_ms=now_ms, updated_ms=now_ms
-        )
-        return new, Decision(now_ms, "rollback", "rolled_back", state.share, back, reason, evidence)
-    if state.phase == "watching":
-        why = "; ".join(gate.reasons) if gate.reasons else "the gate finds no regression"
-        return _hold(state, now_ms, f"watching at {state.share:g} %: {why}", evidence)
-    needed = evidence_needed(plan, state, gate.kafka_documents, gate.redis_documents, now_ms)
-    if needed.dwell_s > 0:
-        reason = f"dwell: {needed.dwell_s:.0f} s left at {state.share:g} %"
-        return _hold(state, now_ms, reason, evidence)
-    short = [f"{path} {n} more" for path, n in needed.documents.items() if n > 0]
-    if short:
-        reason = f"evidence at {state.share:g} %: documents needed, " + ", ".join(short)
-        return _hold(state, now_ms, reason, evidence)
-    if gate.decision == "hold":
-        reasons = "; ".join(gate.reasons) or "no reason given"
-        estimate = f" (needs {gate.needed})" if gate.needed else ""
-        return _hold(state, now_ms, f"the gate holds: {reasons}{estimate}", evidence)
-    last = state.step + 1 >= len(plan.steps)
-    if last:
-        new = dataclasses.replace(state, phase="watching", updated_ms=now_ms)
-        reason = f"the plan's last step ({state.share:g} %) passed the gate: watching"
-        return new, Decision(
-            now_ms, "promote", "watching", state.share, state.share, reason, evidence
-        )
-    return _move(
-        state, "promote", "ramping", state.step + 1, plan, now_ms=now_ms, reason="the gate promotes"
+    trigger, reason, evidence = _turn(plan, state, gate, now_ms)
+    return _apply(
+        plan,
+        state,
+        transition(state.phase, trigger),
+        now_ms=now_ms,
+        reason=reason,
+        evidence=evidence,
     )
 
 
@@ -182,31 +160,106 @@ def command(
 ) -> tuple[RolloutState, Decision]:
     """An operator's ``pause``, ``resume`` or ``abort``."""
     reason = f"{order} by {by}"
+    trigger: Trigger
     if order == "abort":
-        new = dataclasses.replace(
-            state, phase="aborted", share=0.0, paused_phase=None, updated_ms=now_ms
-        )
-        return new, Decision(now_ms, "abort", "aborted", state.share, 0.0, reason)
-    if order == "pause":
-        if state.phase == "paused":
-            return _hold(state, now_ms, f"{reason}: already paused")
-        new = dataclasses.replace(
-            state, phase="paused", paused_phase=state.phase, updated_ms=now_ms
-        )
-        return new, Decision(now_ms, "pause", "paused", state.share, state.share, reason)
-    # resume
-    if state.phase == "paused" and state.paused_phase in ("ramping", "watching"):
-        new = dataclasses.replace(
-            state, phase=state.paused_phase, paused_phase=None, step_since_ms=now_ms,
-            updated_ms=now_ms,
-        )  # fmt: skip
-        return new, Decision(now_ms, "resume", new.phase, state.share, state.share, reason)
-    if state.phase in ("paused", "rolled_back", "aborted"):
+        trigger = "abort"
+    elif order == "pause":
+        trigger = "already_paused" if state.phase == "paused" else "pause"
+        reason += ": already paused" if state.phase == "paused" else ""
+    elif state.phase == "paused" and state.paused_phase == "ramping":
+        trigger = "resume_ramping"
+    elif state.phase == "paused" and state.paused_phase == "watching":
+        trigger = "resume_watching"
+    elif state.phase in STOPPED:
+        trigger = "resume_over"
+    else:
+        trigger, reason = "not_paused", f"{reason}: not paused"
+    return _apply(
+        plan, state, transition(state.phase, trigger), now_ms=now_ms, reason=reason, evidence={}
+    )
+
+
+def _turn(
+    plan: RolloutSettings, state: RolloutState, gate: GateView | None, now_ms: int
+) -> tuple[Trigger, str, dict[str, Any]]:
+    """Which row of the table a turn takes, with its reason and the gate's evidence; the order
+    of the checks is the order of the table's turn rows."""
+    if state.phase in STOPPED:
+        return "awaiting_resume", f"{state.phase}: waiting for `rollout resume`", {}
+    if state.step < 0:
+        return "first_turn", "the plan's first step", {}
+    if gate is None:
+        return "gate_unread", "the gate was not read", {}
+    evidence: dict[str, Any] = {
+        "kafka_documents": gate.kafka_documents,
+        "redis_documents": gate.redis_documents,
+        "gate": gate.decision,
+    }
+    if gate.decision == "rollback":
+        reason = "the gate rolls back: " + "; ".join(gate.reasons or ("no reason given",))
+        return "gate_rolls_back", reason, evidence
+    if state.phase == "watching":
+        why = "; ".join(gate.reasons) if gate.reasons else "the gate finds no regression"
+        return "watch_goes_on", f"watching at {state.share:g} %: {why}", evidence
+    needed = evidence_needed(plan, state, gate.kafka_documents, gate.redis_documents, now_ms)
+    if needed.dwell_s > 0:
+        reason = f"dwell: {needed.dwell_s:.0f} s left at {state.share:g} %"
+        return "dwell_left", reason, evidence
+    short = [f"{path} {n} more" for path, n in needed.documents.items() if n > 0]
+    if short:
+        reason = f"evidence at {state.share:g} %: documents needed, " + ", ".join(short)
+        return "documents_short", reason, evidence
+    if gate.decision == "hold":
+        reasons = "; ".join(gate.reasons) or "no reason given"
+        estimate = f" (needs {gate.needed})" if gate.needed else ""
+        return "gate_holds", f"the gate holds: {reasons}{estimate}", evidence
+    if state.step + 1 >= len(plan.steps):
+        reason = f"the plan's last step ({state.share:g} %) passed the gate: watching"
+        return "last_step_passes", reason, evidence
+    return "gate_promotes", "the gate promotes", evidence
+
+
+def _apply(
+    plan: RolloutSettings,
+    state: RolloutState,
+    row: Transition,
+    *,
+    now_ms: int,
+    reason: str,
+    evidence: dict[str, Any],
+) -> tuple[RolloutState, Decision]:
+    """What the row does to the state; its action and phase are the ones recorded."""
+    phase = row.target or state.phase
+    if row.action == "hold":
+        return _hold(state, now_ms, reason, evidence)
+    if row.action in ("start", "promote") and row.trigger != "last_step_passes":
+        step = 0 if row.action == "start" else state.step + 1
+        return _move(state, row.action, phase, step, plan, now_ms=now_ms, reason=reason)
+    share = state.share
+    if row.trigger == "resume_over":
         # From the top of the plan: a rolled-back or aborted shift starts over.
         fresh = RolloutState(started_ms=now_ms, updated_ms=now_ms, share=state.share)
-        new, decision = _move(fresh, "resume", "ramping", 0, plan, now_ms=now_ms, reason=reason)
+        new, decision = _move(fresh, row.action, phase, 0, plan, now_ms=now_ms, reason=reason)
         return new, dataclasses.replace(decision, share_from=state.share)
-    return _hold(state, now_ms, f"{reason}: not paused")
+    if row.action == "rollback":
+        share = state.last_good if plan.on_rollback == "last_good" else 0.0
+        new = dataclasses.replace(
+            state, phase=phase, share=share, step_since_ms=now_ms, updated_ms=now_ms
+        )
+    elif row.action == "abort":
+        share = 0.0
+        new = dataclasses.replace(
+            state, phase=phase, share=share, paused_phase=None, updated_ms=now_ms
+        )
+    elif row.action == "pause":
+        new = dataclasses.replace(state, phase=phase, paused_phase=state.phase, updated_ms=now_ms)
+    elif row.action == "resume":
+        new = dataclasses.replace(
+            state, phase=phase, paused_phase=None, step_since_ms=now_ms, updated_ms=now_ms
+        )
+    else:  # the last step passed: watching, at the share in force
+        new = dataclasses.replace(state, phase=phase, updated_ms=now_ms)
+    return new, Decision(now_ms, row.action, phase, state.share, share, reason, evidence)
 
 
 def _move(
