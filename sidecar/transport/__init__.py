@@ -50,7 +50,13 @@ from sidecar.transport.valkey_client import (
     ping,
     translate_valkey_errors,
 )
-from sidecar.transport.valkey_memory import ValkeyMemory, human_bytes, read_memory
+from sidecar.transport.valkey_memory import (
+    ValkeyMemory,
+    ValkeyPersistence,
+    human_bytes,
+    read_memory,
+    read_persistence,
+)
 
 # The interface over both queues, and its messages.
 __all__ = [
@@ -84,10 +90,12 @@ __all__ += [
     "RedisStreamConsumer",
     "RedisStreamProducer",
     "ValkeyMemory",
+    "ValkeyPersistence",
     "create_client",
     "human_bytes",
     "ping",
     "read_memory",
+    "read_persistence",
     "translate_valkey_errors",
 ]
 # Topics and dead letters.
