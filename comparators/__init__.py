@@ -9,11 +9,15 @@ from comparators.ordering import OrderingComparator, OrderTracker, parse_entry_i
 from comparators.outcome import OutcomeComparator, OutcomeComparison
 from comparators.paths import readable_path, to_deepdiff_path
 from comparators.payload import PayloadComparator
+from comparators.registry import COMPARATORS, ComparatorRow, CompareContext
 from comparators.routing import RoutingComparator
 from comparators.rules import CompareRules, TypeRules, load_rules
 
 __all__ = [
+    "COMPARATORS",
     "Comparator",
+    "ComparatorRow",
+    "CompareContext",
     "CompareRules",
     "DeliveryComparator",
     "Difference",

@@ -6,6 +6,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as builders
 from grafana_foundation_sdk.models import dashboard as model
 
+from comparators.registry import MISMATCH_NAMES
 from dashboards.panels import (
     COUNT_STEPS,
     INFO_STEPS,
@@ -87,7 +88,7 @@ OVER_THE_RANGE = Row(
         ),
         Top(
             "Mismatches by comparator",
-            "Which comparator found the mismatches (payload, outcome, routing, ordering); "
+            f"Which comparator found the mismatches ({', '.join(MISMATCH_NAMES)}); "
             "one task can be found by several.",
             Query(f"sum by (comparator) ({increase(_MISMATCHES)})", "{{comparator}}"),
         ),

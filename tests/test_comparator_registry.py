@@ -1,0 +1,129 @@
+"""The comparator registry is the one list: every comparator has a row, every row builds what it
+names and reports only the kinds it lists, and the lists written out in the docs agree."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import comparators
+from comparators import Comparator, CompareRules
+from comparators.registry import (
+    BY_NAME,
+    COMPARATORS,
+    FINDING_NAMES,
+    MISMATCH_NAMES,
+    CompareContext,
+    build,
+)
+from sidecar.app.metrics_catalog import MISMATCH_LABELS
+from sidecar.verdicts.compare import Comparators
+from sidecar.verdicts.model import VerdictRecord
+
+ROOT = Path(__file__).resolve().parent.parent
+CONTEXT = CompareContext(CompareRules(), 10.0, lambda task_type, priority: f"topic.{task_type}")
+
+
+def test_every_row_builds_the_comparator_it_names() -> None:
+    for row in COMPARATORS:
+        built = row.factory(CONTEXT)
+        assert isinstance(built, Comparator)
+        assert built.name == row.name
+
+
+def test_every_comparator_class_of_the_package_has_a_row() -> None:
+    # A comparator written without its row would never run, nor be counted or documented.
+    classes = {
+        value.name
+        for _, module in inspect.getmembers(comparators, inspect.ismodule)
+        for _, value in inspect.getmembers(module, inspect.isclass)
+        if value.__module__.startswith("comparators.")
+        and isinstance(getattr(value, "name", None), str)
+        and callable(getattr(value, "compare", None))
+    }
+    assert classes == set(BY_NAME)
+
+
+# Per row, pairs that differ in every way it can see.
+EXAMPLES: dict[str, list[tuple[Any, Any]]] = {
+    "payload": [
+        (b'{"a": 1, "b": [1, 2], "c": 1}', b'{"a": "1", "b": [1], "d": 1}'),
+        (b"{", b"{}"),
+    ],
+    "outcome": [({"a": 1, "b": [1, 2], "c": 1.5}, {"a": "1", "b": [2, 1, 3], "c": 2.5})],
+    "routing": [
+        (
+            {"task_type": "parse", "priority": 1},
+            {"topic": "elsewhere", "priority": 0, "task_type": "raptor"},
+        )
+    ],
+    "ordering": [([("doc", "1-0"), ("doc", "2-0")], [("doc", "2-0"), ("doc", "1-0")])],
+    "delivery": [({"deliveries": 2, "latency_ms": 0.0}, {"deliveries": 1, "latency_ms": 99.0})],
+}
+
+
+@pytest.mark.parametrize("row", COMPARATORS, ids=lambda row: row.name)
+def test_a_comparator_reports_only_the_kinds_its_row_lists(row: Any) -> None:
+    built = row.factory(CONTEXT)
+    found = {d.kind for left, right in EXAMPLES[row.name] for d in built.compare(left, right)}
+    assert found, "the example finds no difference: it tests nothing"
+    assert found <= set(row.kinds)
+
+
+def test_the_live_set_is_every_row_but_those_judged_elsewhere() -> None:
+    assert set(build(CONTEXT)) == {row.name for row in COMPARATORS if row.live}
+    assert set(build(CONTEXT, live_only=False)) == set(BY_NAME)
+    assert not BY_NAME["ordering"].live  # the shadow's OrderTracker judges it (registry's doc)
+
+
+def test_the_judge_counts_every_row_and_reports_the_kinds_they_list() -> None:
+    record = VerdictRecord("mismatch", "te.0.common", "2-0", "t1", "parse", 0, "s")
+    record.timings = {
+        "redis": {"deliveries": 2, "queue_wait_ms": 0},
+        "kafka": {"queue_wait_ms": 99},
+    }
+    redis_run = {"value_sha": "a", "outcome": {"a": 1}, "topic": "t", "priority": 1}
+    kafka_run = {
+        "value_sha": "b",
+        "outcome": {"a": 2},
+        "topic": "u",
+        "priority": 1,
+        "order_violation": {"after": "3-0"},
+    }
+    fields = {"redis_run_value": b'{"a": 1}', "kafka_run_value": b'{"a": 2}'}
+    found = Comparators(CompareRules(), 10.0).differences(redis_run, kafka_run, fields, record)
+    assert set(record.comparators) == set(BY_NAME)
+    assert {name for name, n in record.comparators.items() if n} == set(BY_NAME)
+    assert {d.kind for d in found} <= {k for n in MISMATCH_NAMES for k in BY_NAME[n].kinds}
+    assert {f["kind"] for f in record.findings} <= {
+        k for n in FINDING_NAMES for k in BY_NAME[n].kinds
+    }
+
+
+def test_the_mismatch_metric_is_exported_for_every_mismatch_row() -> None:
+    assert {comparator for comparator, _ in MISMATCH_LABELS} == set(MISMATCH_NAMES)
+
+
+def _listed(text: str, pattern: str) -> list[str]:
+    match = re.search(pattern, text)
+    assert match, pattern
+    return re.findall(r"[a-z_]+", match[1])
+
+
+def test_the_docs_list_the_mismatch_comparators_of_the_registry() -> None:
+    metrics = (ROOT / "docs" / "metrics.md").read_text()
+    assert _listed(metrics, r"\| `comparator` \(([^)]*)\)") == list(MISMATCH_NAMES)
+    dashboards = (ROOT / "dashboards" / "README.md").read_text()
+    assert _listed(dashboards, r"comparator \(([^)]*)\); a comparator") == list(MISMATCH_NAMES)
+
+
+def test_the_readme_names_every_comparator() -> None:
+    readme = (ROOT / "README.md").read_text()
+    for pattern in (r"\| comparators \(`comparators/`\) \| done: ([^|]*)\|",
+                    r"\| `comparators/` \| ([^|]*)\|"):  # fmt: skip
+        listed = set(_listed(readme, pattern))
+        assert set(BY_NAME) <= listed, (pattern, set(BY_NAME) - listed)
