@@ -6,7 +6,13 @@ what it compares and which kinds of :class:`Difference` it can report, and wheth
 ``mismatch`` or only a finding. ``sidecar/verdicts/compare.py`` builds its comparators from
 these rows; the metric's label set, the drill-down dashboard's text and the docs' lists are the
 rows' names (``tests/test_comparator_registry.py`` checks the lists that stay written out).
-A new comparator is its module here, one row, and its test.
+A new comparator is its module here, one row (with ``sides``: what it compares of the two runs'
+recorded facts, so the judge runs it without a line of its own), and its test
+(``tests/test_comparators.py``, with an example pair the registry's test runs).
+
+The first five rows have no ``sides``: ``compare.py`` wires each by hand, for a reason of its
+own (the payload's bytes and the digest shortcut, the outcome's task type and noise, the
+routing's expected topic per entry, ordering's fact from the shadow, delivery's timings).
 
 Ordering is judged live, but not by :class:`OrderingComparator`. The judge sees one joined
 entry at a time, never a key's whole sequence on both paths, and the only order that matters
@@ -29,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Final
+from typing import Any, Final
 
 from comparators.base import Comparator
 from comparators.deepdiff_adapter import DIFFERENCE_KINDS
@@ -55,6 +61,10 @@ class CompareContext:
     expected_topic: Callable[[str, int], str] = _unrouted
 
 
+# From the Redis run's and the Kafka run's recorded facts, the comparator's left and right.
+Sides = Callable[[Mapping[str, Any], Mapping[str, Any]], tuple[Any, Any]]
+
+
 @dataclass(frozen=True)
 class ComparatorRow:
     """One comparator: its name, how it is built, what it compares, what it reports."""
@@ -65,6 +75,7 @@ class ComparatorRow:
     kinds: tuple[str, ...]  # every Difference.kind it can report
     mismatch: bool  # True: a difference makes a mismatch; False: a finding only
     live: bool = True  # False: the live path judges this some other way (see the row)
+    sides: Sides | None = None  # None: compare.py wires it by hand
 
 
 COMPARATORS: Final[tuple[ComparatorRow, ...]] = (
@@ -111,6 +122,20 @@ MISMATCH_NAMES: Final[tuple[str, ...]] = tuple(r.name for r in COMPARATORS if r.
 FINDING_NAMES: Final[tuple[str, ...]] = tuple(r.name for r in COMPARATORS if not r.mismatch)
 
 
+def markdown_table() -> str:
+    """The comparators for people (``python -m comparators.registry`` prints it)."""
+    lines = ["| comparator | compares | kinds | makes |", "|---|---|---|---|"]
+    for row in COMPARATORS:
+        kinds = ", ".join(f"`{kind}`" for kind in row.kinds)
+        makes = "mismatch" if row.mismatch else "finding"
+        lines.append(f"| `{row.name}` | {row.compares} | {kinds} | {makes} |")
+    return "\n".join(lines) + "\n"
+
+
 def build(context: CompareContext, *, live_only: bool = True) -> dict[str, Comparator]:
     """Every row's comparator by name, built from ``context`` (the live ones by default)."""
     return {row.name: row.factory(context) for row in COMPARATORS if row.live or not live_only}
+
+
+if __name__ == "__main__":
+    print(markdown_table(), end="")

@@ -34,6 +34,24 @@ from comparators import (
 from comparators.deepdiff_adapter import deepdiff_options, to_differences
 from comparators.paths import is_under, parse_readable, render_readable
 
+# Per row of comparators/registry.py, pairs that differ in every way it can see: the
+# registry's test checks the row lists every kind they report.
+REGISTRY_EXAMPLES: dict[str, list[tuple[Any, Any]]] = {
+    "payload": [
+        (b'{"a": 1, "b": [1, 2], "c": 1}', b'{"a": "1", "b": [1], "d": 1}'),
+        (b"{", b"{}"),
+    ],
+    "outcome": [({"a": 1, "b": [1, 2], "c": 1.5}, {"a": "1", "b": [2, 1, 3], "c": 2.5})],
+    "routing": [
+        (
+            {"task_type": "parse", "priority": 1},
+            {"topic": "elsewhere", "priority": 0, "task_type": "raptor"},
+        )
+    ],
+    "ordering": [([("doc", "1-0"), ("doc", "2-0")], [("doc", "2-0"), ("doc", "1-0")])],
+    "delivery": [({"deliveries": 2, "latency_ms": 0.0}, {"deliveries": 1, "latency_ms": 99.0})],
+}
+
 
 def outcome(**changes: Any) -> dict[str, Any]:
     """A parse outcome as the shadow consumer records it."""

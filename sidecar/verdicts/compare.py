@@ -20,7 +20,7 @@ from comparators import (
     load_rules,
     outcome_digest,
 )
-from comparators.registry import BY_NAME, MISMATCH_NAMES, CompareContext, build
+from comparators.registry import BY_NAME, COMPARATORS, MISMATCH_NAMES, CompareContext, build
 from sidecar.config import ShadowSettings
 from sidecar.errors import ConfigError
 from sidecar.verdicts.model import VerdictRecord
@@ -54,6 +54,12 @@ class Comparators:
         self.rules = rules
         self._context = CompareContext(rules, latency_tolerance_ms)
         built = build(self._context)
+        # The rows run from their sides alone (the others are wired below, each for a reason).
+        self._generic = [
+            (row.name, row.mismatch, row.sides, built[row.name])
+            for row in COMPARATORS
+            if row.sides is not None and row.name in built
+        ]
         self._payloads, self._delivery = built["payload"], built["delivery"]
         outcomes = built["outcome"]
         if not isinstance(outcomes, OutcomeComparator):
@@ -116,7 +122,13 @@ class Comparators:
             },
             {"deliveries": None, "latency_ms": timings.get("kafka", {}).get("queue_wait_ms")},
         )
+        findings = {"delivery": delivery}
+        if not kafka_run.get("decode_error"):
+            # An undecodable Kafka copy ran no handler: there is nothing of its run to compare.
+            for name, mismatch, sides, comparator in self._generic:
+                differences = comparator.compare(*sides(redis_run, kafka_run))
+                (found if mismatch else findings)[name] = differences
         record.comparators = {name: len(items) for name, items in found.items()}
-        record.comparators["delivery"] = len(delivery)
-        record.findings = [d.to_dict() for d in delivery]
+        record.comparators.update((name, len(items)) for name, items in findings.items())
+        record.findings = [d.to_dict() for items in findings.values() for d in items]
         return [d for items in found.values() for d in items]
