@@ -40,6 +40,7 @@ from typing import Any, Final
 from comparators.base import Comparator
 from comparators.deepdiff_adapter import DIFFERENCE_KINDS
 from comparators.delivery import DeliveryComparator
+from comparators.error import ErrorComparator
 from comparators.ordering import OrderingComparator
 from comparators.outcome import OutcomeComparator
 from comparators.payload import PayloadComparator
@@ -114,6 +115,14 @@ COMPARATORS: Final[tuple[ComparatorRow, ...]] = (
         "deliveries (once each) and queue wait (within the tolerance) on each path",
         ("duplicate", "latency"),
         mismatch=False,
+    ),
+    ComparatorRow(
+        "error",
+        lambda _: ErrorComparator(),
+        "the handler's error on each path: one failing alone, or each of another type",
+        ("failed", "error_changed"),
+        mismatch=True,
+        sides=lambda redis_run, kafka_run: (redis_run.get("error"), kafka_run.get("error")),
     ),
 )
 BY_NAME: Final[Mapping[str, ComparatorRow]] = MappingProxyType({r.name: r for r in COMPARATORS})
