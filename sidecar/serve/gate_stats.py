@@ -1,5 +1,6 @@
-"""The gate's sequential tests on served evidence: five questions, one share of ``GATE_ALPHA``
-each (Bonferroni), each answered with an e-value, an effect estimate and the tasks it needs.
+"""The gate's sequential tests on served evidence: five questions (one row each in
+``gate_tests.py``), one share of ``GATE_ALPHA`` each (Bonferroni), each answered with an
+e-value, an effect estimate and the tasks it needs.
 
 - ``failed``: Kafka's documents with a failed task, per finished document, above Redis's;
 - ``retried``: tasks handed out again, per task started;

@@ -5,11 +5,10 @@ A row says what the test is called in the gate's table (and against the baseline
 margin), which events of RAGFlow's processes it reads (``sidecar.wire.contract``: what it counts
 and what that happens to, or the histogram it samples), its statistic, its non-inferiority
 margin's setting if it has one, and the overview panel that shows its quantity. ``gate_stats``,
-``baseline``, ``margins`` and ``gate_checks`` derive their lists from these rows;
-``dashboards/served_share.py`` takes its panels' titles from them; ``bench/gate_defaults.py``
-its margins; ``tests/test_gate_tests.py`` checks the settings, the panels and the docs' table
-against them. A new test is a row here, its statistic if it needs a new one
-(``gate_stats``, ``baseline``), the event's recording site in ``ragflow_mq``, and its test.
+``baseline``, ``margins``, ``gate_checks``, ``gate`` and the benches derive their lists from
+these rows; ``tests/test_gate_tests.py`` checks the margins' settings, the panels named (on the
+overview, ``dashboards/served_share.py``) and the table in docs/operations.md against them. A
+new test is a row here and its test, plus what docs/changing.md lists for what it needs more.
 """
 
 from __future__ import annotations
