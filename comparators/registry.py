@@ -132,7 +132,7 @@ FINDING_NAMES: Final[tuple[str, ...]] = tuple(r.name for r in COMPARATORS if not
 
 
 def markdown_table() -> str:
-    """The comparators for people (``python -m comparators.registry`` prints it)."""
+    """The comparators for people (``python -m comparators`` prints it)."""
     lines = ["| comparator | compares | kinds | makes |", "|---|---|---|---|"]
     for row in COMPARATORS:
         kinds = ", ".join(f"`{kind}`" for kind in row.kinds)
@@ -144,7 +144,3 @@ def markdown_table() -> str:
 def build(context: CompareContext, *, live_only: bool = True) -> dict[str, Comparator]:
     """Every row's comparator by name, built from ``context`` (the live ones by default)."""
     return {row.name: row.factory(context) for row in COMPARATORS if row.live or not live_only}
-
-
-if __name__ == "__main__":
-    print(markdown_table(), end="")
