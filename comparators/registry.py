@@ -4,8 +4,9 @@ A row names the comparator (the ``comparator`` label of ``ragflow_sidecar_mismat
 and the key of a verdict record's ``comparators``), builds it from the judge's settings, says
 what it compares and which kinds of :class:`Difference` it can report, and whether those make a
 ``mismatch`` or only a finding. ``sidecar/verdicts/compare.py`` builds its comparators from
-these rows; the metric's label set, the drill-down dashboard's text and the docs' lists are the
-rows' names (``tests/test_comparator_registry.py`` checks the lists that stay written out).
+these rows, the metric's labels exported at 0 are the mismatch rows' names, and the docs and
+the drill-down dashboard point here (``python -m comparators`` prints the table) rather than
+list them (``tests/test_comparator_registry.py`` checks they do).
 A new comparator is its module here, one row (with ``sides``: what it compares of the two runs'
 recorded facts, so the judge runs it without a line of its own), and its test
 (``tests/test_comparators.py``, with an example pair the registry's test runs).
@@ -22,9 +23,8 @@ order was promised: one mirror consumer sent the key (``x-mirror-consumer``) and
 not taken over or read again (``x-mirror-claimed``), ``sidecar/shadow/records.py``'s
 ``order_key``. It files the violation with the Kafka run (``order_violation``) and the judge
 reports it under ``ordering``. :class:`OrderingComparator` is the same rule over two whole
-sequences: the oracle the streaming check is tested against, and the row's ``factory`` for a
-caller holding both sequences (an offline replay); it stays out of the live path, whose row
-says so (``live=False``).
+sequences, the row's ``factory`` for a caller holding both (a test, an offline replay); it
+stays out of the live path, whose row says so (``live=False``).
 
 ``NoiseBaseline`` (which outcome differences are noise) and ``outcome_digest`` (a stable name
 for an outcome) are no comparators: they return no differences of their own, so have no row.
