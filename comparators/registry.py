@@ -23,8 +23,9 @@ order was promised: one mirror consumer sent the key (``x-mirror-consumer``) and
 not taken over or read again (``x-mirror-claimed``), ``sidecar/shadow/records.py``'s
 ``order_key``. It files the violation with the Kafka run (``order_violation``) and the judge
 reports it under ``ordering``. :class:`OrderingComparator` is the same rule over two whole
-sequences, the row's ``factory`` for a caller holding both (a test, an offline replay); it
-stays out of the live path, whose row says so (``live=False``).
+sequences: what the streaming check is tested against (``tests/test_comparators.py``), and the
+row's ``factory`` for a caller holding both (an offline replay); it stays out of the live path,
+whose row says so (``live=False``).
 
 ``NoiseBaseline`` (which outcome differences are noise) and ``outcome_digest`` (a stable name
 for an outcome) are no comparators: they return no differences of their own, so have no row.

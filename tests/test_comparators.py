@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -744,6 +745,18 @@ def test_order_tracker_flags_late_entries() -> None:
     assert tracker.observe("doc1", "10-1") is None
     assert tracker.observe("doc1", "10-0") == Difference("doc1", "order", "10-0", "10-1")
     assert len(tracker) == 2
+
+
+def test_the_streaming_order_check_finds_what_the_whole_sequences_show() -> None:
+    # The live path judges order with OrderTracker as the shadow consumes; OrderingComparator,
+    # over both whole sequences, is the rule it must agree with (comparators/registry.py).
+    rng = random.Random(32)
+    for _ in range(200):
+        redis = [(f"k{rng.randrange(3)}", f"{n}-{rng.randrange(2)}") for n in range(1, 12)]
+        kafka = rng.sample(redis, len(redis))
+        tracker = OrderTracker()
+        streamed = [tracker.observe(key, entry_id) for key, entry_id in kafka]
+        assert [d for d in streamed if d] == OrderingComparator().compare(redis, kafka)
 
 
 def test_order_tracker_is_bounded_and_least_recently_used() -> None:
