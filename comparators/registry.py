@@ -126,7 +126,9 @@ COMPARATORS: Final[tuple[ComparatorRow, ...]] = (
         sides=lambda redis_run, kafka_run: (redis_run.get("error"), kafka_run.get("error")),
     ),
 )
-BY_NAME: Final[Mapping[str, ComparatorRow]] = MappingProxyType({r.name: r for r in COMPARATORS})
+COMPARATORS_BY_NAME: Final[Mapping[str, ComparatorRow]] = MappingProxyType(
+    {r.name: r for r in COMPARATORS}
+)
 # The comparators whose differences make a mismatch: the metric's `comparator` label values.
 MISMATCH_NAMES: Final[tuple[str, ...]] = tuple(r.name for r in COMPARATORS if r.mismatch)
 FINDING_NAMES: Final[tuple[str, ...]] = tuple(r.name for r in COMPARATORS if not r.mismatch)
@@ -142,6 +144,6 @@ def markdown_table() -> str:
     return "\n".join(lines) + "\n"
 
 
-def build(context: CompareContext, *, live_only: bool = True) -> dict[str, Comparator]:
+def build_comparators(context: CompareContext, *, live_only: bool = True) -> dict[str, Comparator]:
     """Every row's comparator by name, built from ``context`` (the live ones by default)."""
     return {row.name: row.factory(context) for row in COMPARATORS if row.live or not live_only}

@@ -16,12 +16,12 @@ import pytest
 import comparators
 from comparators import Comparator, CompareRules
 from comparators.registry import (
-    BY_NAME,
     COMPARATORS,
+    COMPARATORS_BY_NAME,
     FINDING_NAMES,
     MISMATCH_NAMES,
     CompareContext,
-    build,
+    build_comparators,
 )
 from sidecar.app.metrics_catalog import MISMATCH_LABELS
 from sidecar.verdicts.compare import Comparators
@@ -53,7 +53,7 @@ def test_every_comparator_class_of_the_package_has_a_row() -> None:
         and isinstance(getattr(value, "name", None), str)
         and callable(getattr(value, "compare", None))
     }
-    assert classes == set(BY_NAME)
+    assert classes == set(COMPARATORS_BY_NAME)
 
 
 @pytest.mark.parametrize("row", COMPARATORS, ids=lambda row: row.name)
@@ -66,9 +66,11 @@ def test_a_comparator_reports_only_the_kinds_its_row_lists(row: Any) -> None:
 
 
 def test_the_live_set_is_every_row_but_those_judged_elsewhere() -> None:
-    assert set(build(CONTEXT)) == {row.name for row in COMPARATORS if row.live}
-    assert set(build(CONTEXT, live_only=False)) == set(BY_NAME)
-    assert not BY_NAME["ordering"].live  # the shadow's OrderTracker judges it (registry's doc)
+    assert set(build_comparators(CONTEXT)) == {row.name for row in COMPARATORS if row.live}
+    assert set(build_comparators(CONTEXT, live_only=False)) == set(COMPARATORS_BY_NAME)
+    assert not COMPARATORS_BY_NAME[
+        "ordering"
+    ].live  # the shadow's OrderTracker judges it (registry's doc)
 
 
 def test_the_judge_counts_every_row_and_reports_the_kinds_they_list() -> None:
@@ -87,12 +89,14 @@ def test_the_judge_counts_every_row_and_reports_the_kinds_they_list() -> None:
     }
     fields = {"redis_run_value": b'{"a": 1}', "kafka_run_value": b'{"a": 2}'}
     found = Comparators(CompareRules(), 10.0).differences(redis_run, kafka_run, fields, record)
-    assert set(record.comparators) == set(BY_NAME)
+    assert set(record.comparators) == set(COMPARATORS_BY_NAME)
     wired = {row.name for row in COMPARATORS if row.sides is None}
     assert {name for name, n in record.comparators.items() if n} >= wired
-    assert {d.kind for d in found} <= {k for n in MISMATCH_NAMES for k in BY_NAME[n].kinds}
+    assert {d.kind for d in found} <= {
+        k for n in MISMATCH_NAMES for k in COMPARATORS_BY_NAME[n].kinds
+    }
     assert {f["kind"] for f in record.findings} <= {
-        k for n in FINDING_NAMES for k in BY_NAME[n].kinds
+        k for n in FINDING_NAMES for k in COMPARATORS_BY_NAME[n].kinds
     }
 
 

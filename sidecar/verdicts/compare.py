@@ -12,15 +12,19 @@ from dataclasses import replace
 from typing import Any
 
 from comparators import (
+    COMPARATORS,
+    COMPARATORS_BY_NAME,
+    MISMATCH_NAMES,
+    CompareContext,
     CompareRules,
     Difference,
     NoiseBaseline,
     OutcomeComparator,
     RulesError,
+    build_comparators,
     load_rules,
     outcome_digest,
 )
-from comparators.registry import BY_NAME, COMPARATORS, MISMATCH_NAMES, CompareContext, build
 from sidecar.config import ShadowSettings
 from sidecar.errors import ConfigError
 from sidecar.verdicts.model import VerdictRecord
@@ -53,7 +57,7 @@ class Comparators:
     def __init__(self, rules: CompareRules, latency_tolerance_ms: float) -> None:
         self.rules = rules
         self._context = CompareContext(rules, latency_tolerance_ms)
-        built = build(self._context)
+        built = build_comparators(self._context)
         # The rows run from their sides alone (the others are wired below, each for a reason).
         self._generic = [
             (row.name, row.mismatch, row.sides, built[row.name])
@@ -105,7 +109,7 @@ class Comparators:
             found["outcome"] = real
         routed_to = redis_run.get("topic")
         # The mirror recorded the topic it routed to: that is the one the Kafka copy must be on.
-        routing = BY_NAME["routing"].factory(
+        routing = COMPARATORS_BY_NAME["routing"].factory(
             replace(self._context, expected_topic=lambda _type, _priority: str(routed_to))
         )
         found["routing"] = routing.compare(redis_run, kafka_run)
