@@ -73,7 +73,7 @@ from gate_populations import (
 )
 
 from sidecar.serve import histograms as hist
-from sidecar.serve.gate_stats import RETRY_CLUSTER, TESTS
+from sidecar.serve.gate_tests import RETRY_CLUSTER, TESTS
 from sidecar.serve.sequential import (
     COUNT_MIXTURE,
     TILT_MIXTURE,

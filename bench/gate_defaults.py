@@ -34,8 +34,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.stats import norm
 
+from sidecar.config.serve import GateSettings
 from sidecar.serve import histograms as hist
-from sidecar.serve.gate_stats import RETRY_CLUSTER, TESTS
+from sidecar.serve.gate_tests import BY_NAME, MARGIN_TESTS, RETRY_CLUSTER, TESTS, margin_of
 from sidecar.serve.margins import margin_at, mixture_radius
 from sidecar.serve.sequential import (
     COUNT_MIXTURE,
@@ -60,8 +61,11 @@ class Defaults:
     dwell_min: int = 10
     min_documents: int = 50
     alpha: float = 0.01
+    # The shipped margins: each test's GATE_*_MARGIN_* at its default.
     margins: dict[str, float] = field(
-        default_factory=lambda: {"failed": 2.0, "processing": 1.2, "queue_wait": 1.5}
+        default_factory=lambda: {
+            name: getattr(GateSettings(), margin_of(name).field) for name in MARGIN_TESTS
+        }
     )
     holdback: float = 5.0  # per cent of documents kept on Redis at 100 %
 
@@ -103,7 +107,7 @@ class Tests:
         self.count = {name: np.zeros((n, len(COUNT_MIXTURE.nodes))) for name in ("f", "r")}
         self.tilt = {name: np.zeros((n, len(TILT_MIXTURE.nodes))) for name in ("p", "q")}
         # Per margin: excess, spent (V / s^2), sum, sum of squares, count (for s^2).
-        self.margin = {name: np.zeros((5, n)) for name in ("failed", "processing", "queue_wait")}
+        self.margin = {name: np.zeros((5, n)) for name in MARGIN_TESTS}
         self._kafka_documents = {name: np.zeros(n) for name in self.margin}
 
     def kafka_documents(self, name: str, n: Array) -> None:
@@ -121,7 +125,7 @@ class Tests:
         for name, (excess, spent, total, squares, count) in self.margin.items():
             mean = np.divide(total, count, out=np.zeros_like(total), where=count > 0)
             var = np.divide(squares, count, out=np.zeros_like(total), where=count > 0) - mean**2
-            if name == "failed":
+            if BY_NAME[name].sampled is None:  # a rate: binomial variance
                 p = (total + 1) / (count + 2)
                 var = p * (1 - p)
             else:

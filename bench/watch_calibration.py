@@ -44,7 +44,7 @@ from gate_populations import (
 )
 
 from sidecar.serve import histograms as hist
-from sidecar.serve.gate_stats import TESTS
+from sidecar.serve.gate_tests import TESTS
 from sidecar.serve.sequential import (
     COUNT_MIXTURE,
     TILT_MIXTURE,

@@ -9,11 +9,24 @@ from comparators.ordering import OrderingComparator, OrderTracker, parse_entry_i
 from comparators.outcome import OutcomeComparator, OutcomeComparison
 from comparators.paths import readable_path, to_deepdiff_path
 from comparators.payload import PayloadComparator
+from comparators.registry import (
+    COMPARATORS,
+    COMPARATORS_BY_NAME,
+    MISMATCH_NAMES,
+    ComparatorRow,
+    CompareContext,
+    build_comparators,
+)
 from comparators.routing import RoutingComparator
 from comparators.rules import CompareRules, TypeRules, load_rules
 
 __all__ = [
+    "COMPARATORS",
+    "COMPARATORS_BY_NAME",
+    "MISMATCH_NAMES",
     "Comparator",
+    "ComparatorRow",
+    "CompareContext",
     "CompareRules",
     "DeliveryComparator",
     "Difference",
@@ -26,6 +39,7 @@ __all__ = [
     "RoutingComparator",
     "RulesError",
     "TypeRules",
+    "build_comparators",
     "canonical_digest",
     "canonical_json",
     "load_rules",

@@ -27,6 +27,9 @@ _KINDS: Final = {
     "repetition_change": "repetition_changed",
     "iterable_item_moved": "moved",
 }
+# The kinds those fold into, for the comparator registry (a report type deepdiff adds later
+# passes under its own name until it is folded in here).
+DIFFERENCE_KINDS: Final = tuple(dict.fromkeys(_KINDS.values()))
 
 
 def _regex_filter(rules: TypeRules) -> Callable[[Any, str], bool]:

@@ -87,8 +87,8 @@ OVER_THE_RANGE = Row(
         ),
         Top(
             "Mismatches by comparator",
-            "Which comparator found the mismatches (payload, outcome, routing, ordering); "
-            "one task can be found by several.",
+            "Which comparator found the mismatches (the mismatch rows of "
+            "comparators/registry.py); one task can be found by several.",
             Query(f"sum by (comparator) ({increase(_MISMATCHES)})", "{{comparator}}"),
         ),
         Table(

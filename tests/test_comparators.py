@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,29 @@ from comparators import (
     to_deepdiff_path,
 )
 from comparators.deepdiff_adapter import deepdiff_options, to_differences
+from comparators.error import ErrorComparator
 from comparators.paths import is_under, parse_readable, render_readable
+from sidecar.verdicts.compare import Comparators
+from sidecar.verdicts.model import VerdictRecord
+
+# Per row of comparators/registry.py, pairs that differ in every way it can see: the
+# registry's test checks the row lists every kind they report.
+REGISTRY_EXAMPLES: dict[str, list[tuple[Any, Any]]] = {
+    "payload": [
+        (b'{"a": 1, "b": [1, 2], "c": 1}', b'{"a": "1", "b": [1], "d": 1}'),
+        (b"{", b"{}"),
+    ],
+    "outcome": [({"a": 1, "b": [1, 2], "c": 1.5}, {"a": "1", "b": [2, 1, 3], "c": 2.5})],
+    "routing": [
+        (
+            {"task_type": "parse", "priority": 1},
+            {"topic": "elsewhere", "priority": 0, "task_type": "raptor"},
+        )
+    ],
+    "ordering": [([("doc", "1-0"), ("doc", "2-0")], [("doc", "2-0"), ("doc", "1-0")])],
+    "delivery": [({"deliveries": 2, "latency_ms": 0.0}, {"deliveries": 1, "latency_ms": 99.0})],
+    "error": [("ValueError: bad page", None), ("ValueError: x", "TimeoutError: x")],
+}
 
 
 def outcome(**changes: Any) -> dict[str, Any]:
@@ -138,6 +161,40 @@ def test_every_comparator_satisfies_the_protocol() -> None:
         assert isinstance(comparator, Comparator)
     names = [c.name for c in comparators]
     assert names == ["payload", "outcome", "routing", "delivery", "ordering"]
+
+
+# --- error --------------------------------------------------------------------------------
+
+
+def test_a_failure_on_one_path_only_or_of_another_type_is_an_error_difference() -> None:
+    errors = ErrorComparator()
+    assert errors.compare(None, "KeyError: 'doc_id'") == [
+        Difference("error", "failed", None, "KeyError: 'doc_id'")
+    ]
+    assert errors.compare("ValueError: bad page 3", "TimeoutError: read") == [
+        Difference("error", "error_changed", "ValueError: bad page 3", "TimeoutError: read")
+    ]
+    # The message carries run-to-run noise (ids, times): the same type is the same failure.
+    assert errors.compare("ValueError: bad page 3", "ValueError: bad page 4") == []
+    assert errors.compare(None, None) == []
+
+
+def _runs_failing_with(redis_error: str, kafka_error: str) -> tuple[dict[str, Any], ...]:
+    common = {"value_sha": "a", "outcome": None, "topic": "t", "priority": 0, "task_type": "parse"}
+    return {**common, "error": redis_error}, {**common, "error": kafka_error}
+
+
+def test_the_judge_tells_a_task_failing_differently_on_each_path_a_mismatch() -> None:
+    # A failed run has no outcome: before the error row, two failures of any cause matched.
+    redis_run, kafka_run = _runs_failing_with("ValueError: bad page", "TimeoutError: read")
+    record = VerdictRecord("mismatch", "te.0.common", "1-0", "t1", "parse", 0, "sidecar")
+    found = Comparators(CompareRules(), 10.0).differences(redis_run, kafka_run, {}, record)
+    assert found == [
+        Difference("error", "error_changed", "ValueError: bad page", "TimeoutError: read")
+    ]
+    assert record.comparators["error"] == 1
+    same, _ = _runs_failing_with("ValueError: bad page 3", "ValueError: bad page 4")
+    assert Comparators(CompareRules(), 10.0).differences(same, same, {}, record) == []
 
 
 # --- payload ------------------------------------------------------------------------------
@@ -688,6 +745,18 @@ def test_order_tracker_flags_late_entries() -> None:
     assert tracker.observe("doc1", "10-1") is None
     assert tracker.observe("doc1", "10-0") == Difference("doc1", "order", "10-0", "10-1")
     assert len(tracker) == 2
+
+
+def test_the_streaming_order_check_finds_what_the_whole_sequences_show() -> None:
+    # The live path judges order with OrderTracker as the shadow consumes; OrderingComparator,
+    # over both whole sequences, is the rule it must agree with (comparators/registry.py).
+    rng = random.Random(32)
+    for _ in range(200):
+        redis = [(f"k{rng.randrange(3)}", f"{n}-{rng.randrange(2)}") for n in range(1, 12)]
+        kafka = rng.sample(redis, len(redis))
+        tracker = OrderTracker()
+        streamed = [tracker.observe(key, entry_id) for key, entry_id in kafka]
+        assert [d for d in streamed if d] == OrderingComparator().compare(redis, kafka)
 
 
 def test_order_tracker_is_bounded_and_least_recently_used() -> None:

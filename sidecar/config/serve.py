@@ -71,7 +71,7 @@ class GateSettings:
     max_missing: int = 0  # missing_in_kafka + missing_in_redis verdicts; above: roll back
     # The chance that the sequential tests roll back a healthy shift, for a whole rollout
     # whose window starts at a fixed time, however often the gate is asked; split evenly
-    # over the five tests (sidecar/serve/gate_stats.py); with a baseline (the watch at 100 %),
+    # over the five tests (sidecar/serve/gate_tests.py); with a baseline (the watch at 100 %),
     # half to those and half to the five against it (sidecar/serve/baseline.py).
     alpha: float = 0.01
     # Latencies under this compare as equal: a 5 ms task is not 2.5x slower than a 2 ms one in

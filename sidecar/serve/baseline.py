@@ -41,7 +41,8 @@ from typing import Any, Final
 import numpy as np
 
 from sidecar.serve import histograms as hist
-from sidecar.serve.gate_stats import (
+from sidecar.serve.gate_stats import SequentialResult, latency_details, latency_effect
+from sidecar.serve.gate_tests import (
     COUNT_TESTS,
     COUNTED,
     EXPOSURE_NAMES,
@@ -49,9 +50,6 @@ from sidecar.serve.gate_stats import (
     LATENCY_TESTS,
     SAMPLED,
     TESTS,
-    SequentialResult,
-    latency_details,
-    latency_effect,
 )
 from sidecar.serve.sequential import (
     COUNT_MIXTURE,

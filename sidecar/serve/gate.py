@@ -30,13 +30,11 @@ from sidecar.config import Settings
 from sidecar.errors import ConfigError
 from sidecar.serve.baseline import Baseline
 from sidecar.serve.gate_checks import (
-    BASELINE_NAMES,
     DECISIONS,
     FINAL_VERDICTS,
     HOLD,
     PROMOTE,
     ROLLBACK,
-    TEST_NAMES,
     Check,
     Judged,
     analyse,
@@ -46,7 +44,7 @@ from sidecar.serve.gate_source import (
     GateSource,
     OneLook,
 )
-from sidecar.serve.gate_stats import TESTS
+from sidecar.serve.gate_tests import BASELINE_NAMES, TEST_NAMES, TESTS
 from sidecar.verdicts.reader import parse_since
 from sidecar.wire.contract import EVENTS, EVIDENCE_TTL_S, PATHS
 from sidecar.wire.evidence import Evidence, PathEvidence

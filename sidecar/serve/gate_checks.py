@@ -19,7 +19,8 @@ from typing import Any, Final, Literal
 
 from sidecar.config.serve import GateSettings
 from sidecar.serve.baseline import Baseline, run_baseline_tests
-from sidecar.serve.gate_stats import TESTS, SequentialResult, run_tests
+from sidecar.serve.gate_stats import SequentialResult, run_tests
+from sidecar.serve.gate_tests import BASELINE_NAMES, MARGIN_NAMES, MARGIN_PREFIX, TEST_NAMES, TESTS
 from sidecar.serve.margins import MarginResult, run_margins
 from sidecar.wire.contract import PATHS
 from sidecar.wire.evidence import Evidence
@@ -190,27 +191,6 @@ def _judged_checks(gate: GateSettings, judged: Judged) -> list[Check]:
     return checks
 
 
-# The table's name of each sequential test, and what a roll-back says about Kafka.
-TEST_NAMES: Final = {
-    "failed": ("failed documents", "kafka fails more than redis"),
-    "retried": ("retried per started", "kafka retries more than redis"),
-    "dead_lettered": ("dead_lettered per consumed", "kafka dead-letters more than allowed"),
-    "processing": ("processing time", "kafka processes slower than redis"),
-    "queue_wait": ("queue wait", "kafka's tasks wait longer than redis's"),
-}
-# The same against the baseline: how the Redis path ran before the share reached 100 %.
-BASELINE_NAMES: Final = {
-    "failed": ("failed documents vs baseline", "kafka fails more than redis did before"),
-    "retried": ("retried per started vs baseline", "kafka retries more than redis did before"),
-    "dead_lettered": (
-        "dead_lettered per consumed vs baseline",
-        "kafka dead-letters more than redis did before",
-    ),
-    "processing": ("processing time vs baseline", "kafka processes slower than redis did before"),
-    "queue_wait": ("queue wait vs baseline", "kafka's tasks wait longer than redis's did before"),
-}
-
-
 def _served_checks(
     gate: GateSettings,
     served: Evidence,
@@ -293,13 +273,6 @@ def _test_check(test: SequentialResult) -> Check:
                  test.needed, test)  # fmt: skip
 
 
-MARGIN_NAMES: Final = {
-    "failed": "margin: failed documents",
-    "processing": "margin: processing time",
-    "queue_wait": "margin: queue wait",
-}
-
-
 def _margin_checks(gate: GateSettings, minutes: Sequence[Evidence], share: float) -> list[Check]:
     """Non-inferiority, one row a margin: ``ok`` once shown, ``hold`` until then."""
     each = gate.alpha / len(TESTS)
@@ -322,7 +295,7 @@ def _margin_check(result: MarginResult, share: float) -> Check:
         else ""
     )
     reason = (
-        f"kafka not shown within the margin ({name[8:]}): kafka - redis "
+        f"kafka not shown within the margin ({name.removeprefix(MARGIN_PREFIX)}): kafka - redis "
         f"{result.shown_as(result.estimate)}, at most {result.shown_as(result.upper)} over "
         f"{result.documents} kafka documents, margin {result.shown_as(result.margin)} at the "
         f"next share ({100 * share:g} %){more}"

@@ -1,5 +1,6 @@
-"""The gate's sequential tests on served evidence: five questions, one share of ``GATE_ALPHA``
-each (Bonferroni), each answered with an e-value, an effect estimate and the tasks it needs.
+"""The gate's sequential tests on served evidence: five questions (one row each in
+``gate_tests.py``), one share of ``GATE_ALPHA`` each (Bonferroni), each answered with an
+e-value, an effect estimate and the tasks it needs.
 
 - ``failed``: Kafka's documents with a failed task, per finished document, above Redis's;
 - ``retried``: tasks handed out again, per task started;
@@ -38,6 +39,16 @@ from typing import Any, Final, Literal
 import numpy as np
 
 from sidecar.serve import histograms as hist
+from sidecar.serve.gate_tests import (
+    BY_NAME,
+    COUNTED,
+    EXPOSURE_NAMES,
+    EXPOSURES,
+    GATE_TESTS,
+    SAMPLED,
+    TESTS,
+    GateTest,
+)
 from sidecar.serve.sequential import (
     COUNT_MIXTURE,
     TILT_MIXTURE,
@@ -53,36 +64,10 @@ from sidecar.serve.sequential import (
 )
 from sidecar.wire.evidence import Evidence, histograms
 
-COUNT_TESTS: Final = ("failed", "retried", "dead_lettered")
-LATENCY_TESTS: Final = ("processing", "queue_wait")
-TESTS: Final = (*COUNT_TESTS, *LATENCY_TESTS)
-# The event each count test counts, and what it happens to, per path: its exposure.
-COUNTED: Final = {
-    "failed": "document_failed",
-    "retried": "retried",
-    "dead_lettered": "dead_lettered",
-}
-EXPOSURES: Final = {
-    "failed": ("document_finished",),
-    "retried": ("started",),
-    "dead_lettered": ("started", "dead_lettered"),
-}
-EXPOSURE_NAMES: Final = {
-    "failed": "finished_documents",
-    "retried": "started",
-    "dead_lettered": "consumed",
-}
-# Retries come in clusters: a crashed executor hands all its tasks in hand back at once (up to
-# RAGFlow's 5 slots, often of one document, so of one path). The test divides retried tasks by
-# the largest cluster, so that a crash weighs as one event at most, as the test's independent
-# units must (an overdispersion correction; bench/gate_defaults.py simulates crashes of 1-5).
-RETRY_CLUSTER: Final = 5.0
 # Redis has no dead-letter topic, so Kafka's dead letters are tested against a fixed rate
 # (GATE_DEAD_LETTER_PERCENT), one-sample: compared with Redis's none, the test could never
 # fire once nothing was left on Redis (at 100 %).
 DEAD_LETTER_RATE: Final = 0.001
-# The histogram each latency test reads.
-SAMPLED: Final = {"processing": "document_processing", "queue_wait": "document_queue_wait"}
 # The share of tasks future tasks will have, for the tasks-needed estimate: the last minutes'.
 RECENT_MINUTES: Final = 10
 Verdict = Literal["ok", "hold", "rollback"]
@@ -93,7 +78,7 @@ Against = Literal["redis", "baseline"]
 class SequentialResult:
     """One test over the window: its e-value against ``1 / alpha``, and what it estimates."""
 
-    name: str  # one of TESTS
+    name: str  # one of TESTS (sidecar/serve/gate_tests.py)
     alpha: float  # its share of GATE_ALPHA
     log_e: float  # ln of the e-value (the mixture likelihood ratio)
     effect: str  # the effect estimate, for people
@@ -134,11 +119,15 @@ def run_tests(
     """The five tests over the window's minute buckets (in time order); ``dead_letter_rate``:
     the share of Kafka's consumed records that may go to the dead-letter topic."""
     each = alpha / len(TESTS)
-    return [
-        *(_count_test(name, minutes, each) for name in ("failed", "retried")),
-        _dead_letter_test(minutes, each, dead_letter_rate),
-        *(_latency_test(name, minutes, each, floor_ms) for name in LATENCY_TESTS),
-    ]
+
+    def run(test: GateTest) -> SequentialResult:
+        if test.statistic == "count":
+            return _count_test(test.name, minutes, each)
+        if test.statistic == "fixed_rate":
+            return _dead_letter_test(test.name, minutes, each, dead_letter_rate)
+        return _latency_test(test.name, minutes, each, floor_ms)
+
+    return [run(test) for test in GATE_TESTS]
 
 
 def _count_arrays(name: str, minutes: Sequence[Evidence]) -> tuple[Array, ...]:
@@ -159,7 +148,7 @@ def _count_arrays(name: str, minutes: Sequence[Evidence]) -> tuple[Array, ...]:
 def _count_test(name: str, minutes: Sequence[Evidence], alpha: float) -> SequentialResult:
     x_kafka, x_redis, e_kafka, e_redis = _count_arrays(name, minutes)
     share = shares(e_kafka, e_redis)
-    cluster = RETRY_CLUSTER if name == "retried" else 1.0
+    cluster = BY_NAME[name].cluster
     x_units, total = x_kafka / cluster, (x_kafka + x_redis) / cluster
     log_e = float(log_e_value(count_log_ratios(x_units, total, share, COUNT_MIXTURE.nodes)
                               .sum(axis=0), COUNT_MIXTURE)) if len(minutes) else 0.0  # fmt: skip
@@ -185,11 +174,13 @@ def _count_test(name: str, minutes: Sequence[Evidence], alpha: float) -> Sequent
     return _with_needed(result, count_drift(d, recent, rate), recent)
 
 
-def _dead_letter_test(minutes: Sequence[Evidence], alpha: float, rate: float) -> SequentialResult:
+def _dead_letter_test(
+    name: str, minutes: Sequence[Evidence], alpha: float, rate: float
+) -> SequentialResult:
     """Kafka's dead letters per consumed record against ``rate``, minute by minute: the
     binomial likelihood ratio ``exp(d x) / (1 - p + p e^d)^n``, expectation at most 1 while
     Kafka dead-letters no more than ``rate``, whatever the share (100 % included)."""
-    x_kafka, _, e_kafka, _ = _count_arrays("dead_lettered", minutes)
+    x_kafka, _, e_kafka, _ = _count_arrays(name, minutes)
     ratios = count_log_ratios(x_kafka, e_kafka, np.full_like(x_kafka, rate), COUNT_MIXTURE.nodes)
     log_e = float(log_e_value(ratios.sum(axis=0), COUNT_MIXTURE)) if len(minutes) else 0.0
     k_events, k_exposed = int(x_kafka.sum()), int(e_kafka.sum())
@@ -206,7 +197,7 @@ def _dead_letter_test(minutes: Sequence[Evidence], alpha: float, rate: float) ->
         else f"kafka {percent:.3f} % of consumed vs {100 * rate:g} % allowed "
         "(redis has no dead-letter topic)"
     )
-    return SequentialResult("dead_lettered", alpha, log_e, effect, None, details)
+    return SequentialResult(name, alpha, log_e, effect, None, details)
 
 
 def _count_effect(name: str, details: dict[str, Any]) -> str:

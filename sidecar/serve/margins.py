@@ -1,7 +1,8 @@
 """Non-inferiority: a step is promoted on evidence that the Kafka path is not worse than Redis
 by more than a margin, never on the silence of the tests that look for harm.
 
-Three checks, each a time-uniform upper bound on Kafka's excess over Redis, per Kafka document:
+Three checks (the tests of ``gate_tests`` with a margin), each a time-uniform upper bound on
+Kafka's excess over Redis, per Kafka document:
 
 - ``failed``: failed documents, in points (``GATE_FAILED_MARGIN_POINTS``);
 - ``processing`` and ``queue_wait``: the log of the ratio of typical (geometric-mean) times,
@@ -35,11 +36,10 @@ from typing import Final
 import numpy as np
 
 from sidecar.serve import histograms as hist
-from sidecar.serve.gate_stats import SAMPLED
+from sidecar.serve.gate_tests import BY_NAME, COUNTED, MARGIN_TESTS, SAMPLED, margin_of
 from sidecar.serve.sequential import Array
 from sidecar.wire.evidence import Evidence, histograms
 
-MARGIN_TESTS: Final = ("failed", "processing", "queue_wait")
 # The boundary is tightest about this many Kafka documents' worth of variance.
 RHO_DOCUMENTS: Final = 500.0
 
@@ -65,7 +65,7 @@ class MarginResult:
         """A value of this check for people: points, or a ratio."""
         if value is None:
             return "-"
-        if self.name == "failed":
+        if margin_of(self.name).unit == "points":
             return f"{100 * value:+.2f} pp"
         return f"x{math.exp(value):.2f}"
 
@@ -74,7 +74,7 @@ def margin_at(name: str, margin: float, next_share: float) -> float:
     """The excess per Kafka document allowed when the next step serves ``next_share`` (0-1]:
     ``margin`` (points for failures, a ratio for times) is what it may cost all documents."""
     share = min(max(next_share, 1e-6), 1.0)
-    if name == "failed":
+    if margin_of(name).unit == "points":
         return margin / 100 / share
     return math.log1p((margin - 1.0) / share)
 
@@ -86,19 +86,24 @@ def run_margins(
     alpha: float,
     floor_ms: float,
 ) -> list[MarginResult]:
-    """The three checks over the window's minutes (in time order); ``alpha`` is each one's."""
-    results = [_failed(minutes, margin_at("failed", margins["failed"], next_share), alpha)]
-    for name in ("processing", "queue_wait"):
+    """The checks over the window's minutes (in time order), one a test with a margin
+    (``MARGIN_TESTS``); ``alpha`` is each one's."""
+    results = []
+    for name in MARGIN_TESTS:
         margin = margin_at(name, margins[name], next_share)
-        results.append(_latency(name, minutes, margin, alpha, floor_ms))
+        if BY_NAME[name].sampled is None:
+            results.append(_rate(name, minutes, margin, alpha))
+        else:
+            results.append(_latency(name, minutes, margin, alpha, floor_ms))
     return results
 
 
-def _failed(minutes: Sequence[Evidence], margin: float, alpha: float) -> MarginResult:
+def _rate(name: str, minutes: Sequence[Evidence], margin: float, alpha: float) -> MarginResult:
+    test = BY_NAME[name]
     table = np.array(
         [
-            [m[path][event] for path in ("kafka", "redis") for event in
-             ("document_finished", "document_failed")]
+            [value for path in ("kafka", "redis") for value in
+             (sum(m[path][e] for e in test.exposures), m[path][COUNTED[name]])]
             for m in minutes
         ],
         dtype=float,
@@ -108,7 +113,7 @@ def _failed(minutes: Sequence[Evidence], margin: float, alpha: float) -> MarginR
     both = (n_k > 0) & (n_r > 0)
     pooled = (x_k[both].sum() + x_r[both].sum() + 1) / (n_k[both].sum() + n_r[both].sum() + 2)
     variance = pooled * (1 - pooled)
-    return _bound(_Check("failed", variance, margin, alpha), n_k, x_k, n_r, x_r)
+    return _bound(_Check(name, variance, margin, alpha), n_k, x_k, n_r, x_r)
 
 
 def _latency(

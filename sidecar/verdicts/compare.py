@@ -1,23 +1,27 @@
 """What the judge compares a joined entry with: the comparator set, under ``COMPARE_RULES``.
 
-A mismatch is a difference in the payload, the handler's outcome (less the noise the redis run
-side's extra runs found), the routing, or per-key order. Delivery timing is compared too, but
-reported as findings: a slow path is a finding, not a wrong answer.
+The comparators are the rows of ``comparators.registry``. A mismatch is a difference in the
+payload, the handler's outcome (less the noise the redis run side's extra runs found), the
+routing, or per-key order (found by the shadow as it consumes, see the registry). Delivery
+timing is compared too, but reported as findings: a slow path is a finding, not a wrong answer.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from comparators import (
+    COMPARATORS,
+    COMPARATORS_BY_NAME,
+    MISMATCH_NAMES,
+    CompareContext,
     CompareRules,
-    DeliveryComparator,
     Difference,
     NoiseBaseline,
     OutcomeComparator,
-    PayloadComparator,
-    RoutingComparator,
     RulesError,
+    build_comparators,
     load_rules,
     outcome_digest,
 )
@@ -26,7 +30,7 @@ from sidecar.errors import ConfigError
 from sidecar.verdicts.model import VerdictRecord
 
 # The comparators whose differences make a mismatch (delivery timing is only reported).
-MISMATCH_COMPARATORS: tuple[str, ...] = ("payload", "outcome", "routing", "ordering")
+MISMATCH_COMPARATORS: tuple[str, ...] = MISMATCH_NAMES
 
 
 def load_compare_rules(path: str | None) -> CompareRules:
@@ -52,9 +56,20 @@ class Comparators:
 
     def __init__(self, rules: CompareRules, latency_tolerance_ms: float) -> None:
         self.rules = rules
-        self._outcomes = OutcomeComparator(rules)
-        self._payloads = PayloadComparator()
-        self._delivery = DeliveryComparator(latency_tolerance_ms)
+        self._context = CompareContext(rules, latency_tolerance_ms)
+        built = build_comparators(self._context)
+        # The rows run from their sides alone (the others are wired below, each for a reason).
+        self._generic = [
+            (row.name, row.mismatch, row.sides, built[row.name])
+            for row in COMPARATORS
+            if row.sides is not None and row.name in built
+        ]
+        self._payloads, self._delivery = built["payload"], built["delivery"]
+        outcomes = built["outcome"]
+        if not isinstance(outcomes, OutcomeComparator):
+            # It also takes the task type, which the Protocol has no room for.
+            raise TypeError(f"the outcome row built a {type(outcomes).__name__}")
+        self._outcomes = outcomes
 
     @classmethod
     def from_settings(cls, shadow: ShadowSettings) -> Comparators:
@@ -93,9 +108,11 @@ class Comparators:
                 record.noise = {"count": len(noise), "paths": sorted({d.path for d in noise})}
             found["outcome"] = real
         routed_to = redis_run.get("topic")
-        found["routing"] = RoutingComparator(lambda _type, _priority: str(routed_to)).compare(
-            redis_run, kafka_run
+        # The mirror recorded the topic it routed to: that is the one the Kafka copy must be on.
+        routing = COMPARATORS_BY_NAME["routing"].factory(
+            replace(self._context, expected_topic=lambda _type, _priority: str(routed_to))
         )
+        found["routing"] = routing.compare(redis_run, kafka_run)
         if kafka_run.get("order_violation"):
             violation = kafka_run["order_violation"]
             found["ordering"] = [
@@ -109,7 +126,13 @@ class Comparators:
             },
             {"deliveries": None, "latency_ms": timings.get("kafka", {}).get("queue_wait_ms")},
         )
+        findings = {"delivery": delivery}
+        if not kafka_run.get("decode_error"):
+            # An undecodable Kafka copy ran no handler: there is nothing of its run to compare.
+            for name, mismatch, sides, comparator in self._generic:
+                differences = comparator.compare(*sides(redis_run, kafka_run))
+                (found if mismatch else findings)[name] = differences
         record.comparators = {name: len(items) for name, items in found.items()}
-        record.comparators["delivery"] = len(delivery)
-        record.findings = [d.to_dict() for d in delivery]
+        record.comparators.update((name, len(items)) for name, items in findings.items())
+        record.findings = [d.to_dict() for items in findings.values() for d in items]
         return [d for items in found.values() for d in items]
