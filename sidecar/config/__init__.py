@@ -25,16 +25,6 @@ from sidecar.config.routing import KNOWN_TASK_TYPES, Route, RouteTable
 from sidecar.config.serve import GATE_VARIABLES, SERVE_VARIABLES, GateSettings, ServeSettings
 from sidecar.config.service_conf import expand_variables
 from sidecar.config.settings import KNOWN_VARIABLES, Settings
-from sidecar.config.task_kinds import (
-    CANVAS_DEBUG_DOC_ID,
-    DATASET_WIDE_TYPES,
-    FAKE_DOC_ID,
-    PARSE,
-    ROW_OF_TYPE,
-    DryRunCheck,
-    TaskKind,
-    TaskKindRow,
-)
 from sidecar.config.traffic import in_traffic_share
 from sidecar.transport.options import KafkaSettings, RedisSettings, Secret, SecurityProtocol
 
@@ -63,19 +53,11 @@ __all__ += [
     "TracingSettings",
     "check_plan",
 ]
-# RAGFlow's task kinds, the routing built from them and the traffic share, read by the stages
-# and ragflow_mq at run time.
+# The routing built from RAGFlow's task kinds (the table itself is ``sidecar.config.task_kinds``,
+# read as a module) and the traffic share, read by the stages and ragflow_mq at run time.
 __all__ += [
-    "CANVAS_DEBUG_DOC_ID",
-    "DATASET_WIDE_TYPES",
-    "FAKE_DOC_ID",
     "KNOWN_TASK_TYPES",
-    "PARSE",
-    "ROW_OF_TYPE",
-    "DryRunCheck",
     "Route",
     "RouteTable",
-    "TaskKind",
-    "TaskKindRow",
     "in_traffic_share",
 ]

@@ -9,16 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-from sidecar.config.task_kinds import (
-    CANVAS_DEBUG_DOC_ID,
-    DATASET_WIDE_TYPES,
-    FAKE_DOC_ID,
-    PARSE,
-    ROW_OF_TYPE,
-    DryRunCheck,
-    TaskKind,
-    TaskKindRow,
-)
+from sidecar.config import task_kinds as kinds
 from sidecar.shadow.meta import TaskMeta
 
 # The keys RAGFlow's memory producer puts in ``message_dict``. Only these names are ever
@@ -58,13 +49,13 @@ def ragflow_dry_run(task: dict[str, Any], meta: TaskMeta) -> dict[str, Any]:
     raw_type = task.get("task_type", "")  # collect() reads it with a "" default, as here
     task_type = raw_type if isinstance(raw_type, str) else None
     doc_id = task.get("doc_id", "")
-    fake_doc = isinstance(doc_id, str) and doc_id in (FAKE_DOC_ID, CANVAS_DEBUG_DOC_ID)
+    fake_doc = isinstance(doc_id, str) and doc_id in (kinds.FAKE_DOC_ID, kinds.CANVAS_DEBUG_DOC_ID)
 
     _check_str(task, "id", problems)
     if task_type is None:
         problems.add("type:task_type")
     row = _row(task_type, fake_doc, problems)
-    kind: TaskKind = "unknown" if row is None else row.kind
+    kind: kinds.TaskKind = "unknown" if row is None else row.kind
 
     fields: dict[str, Any] = {"id": _str_or_none(task.get("id"))}
     if row is None:
@@ -104,7 +95,7 @@ def ragflow_dry_run(task: dict[str, Any], meta: TaskMeta) -> dict[str, Any]:
 
 
 def _outcome(
-    kind: TaskKind,
+    kind: kinds.TaskKind,
     *,
     task_type: str | None,
     decision: Decision,
@@ -122,7 +113,7 @@ def _outcome(
     }
 
 
-def _row(task_type: str | None, fake_doc: bool, problems: set[str]) -> TaskKindRow | None:
+def _row(task_type: str | None, fake_doc: bool, problems: set[str]) -> kinds.TaskKindRow | None:
     if task_type is None:
         return None
     if task_type == "":
@@ -130,9 +121,9 @@ def _row(task_type: str | None, fake_doc: bool, problems: set[str]) -> TaskKindR
             # collect() indexes task_type for fake-doc messages: a KeyError when it is absent.
             problems.add("missing:task_type")
             return None
-        return ROW_OF_TYPE.get(PARSE)
-    row = ROW_OF_TYPE.get(task_type)
-    if row is None or row.pattern == PARSE:
+        return kinds.ROW_OF_TYPE.get(kinds.PARSE)
+    row = kinds.ROW_OF_TYPE.get(task_type)
+    if row is None or row.pattern == kinds.PARSE:
         # The executor would run an unknown type as standard chunking; flag it instead. RAGFlow
         # writes no task_type on a parse task, never "parse" itself.
         problems.add("task_type:unknown")
@@ -149,7 +140,7 @@ def _collect_lookup(
         if "task_type" not in task:
             return "raises"
         try:
-            dataset_wide = raw_type in DATASET_WIDE_TYPES
+            dataset_wide = raw_type in kinds.DATASET_WIDE_TYPES
         except TypeError:  # an unhashable task_type fails the set test
             return "raises"
         if not dataset_wide:
@@ -207,7 +198,7 @@ def _parse_fields(task: Mapping[str, Any], problems: set[str]) -> dict[str, Any]
 def _dataset_fields(task: Mapping[str, Any], problems: set[str]) -> dict[str, Any]:
     doc_id = task.get("doc_id")
     _check_str(task, "doc_id", problems)
-    dataset_scope = doc_id in (FAKE_DOC_ID, CANVAS_DEBUG_DOC_ID)
+    dataset_scope = doc_id in (kinds.FAKE_DOC_ID, kinds.CANVAS_DEBUG_DOC_ID)
     doc_ids = task.get("doc_ids")
     if dataset_scope:
         # The executor finds the dataset through doc_ids[0]; without it the task is "unknown".
@@ -231,7 +222,7 @@ def _dataset_fields(task: Mapping[str, Any], problems: set[str]) -> dict[str, An
 
 
 def _dataflow_fields(task: Mapping[str, Any], problems: set[str]) -> dict[str, Any]:
-    canvas_debug = task.get("doc_id") == CANVAS_DEBUG_DOC_ID
+    canvas_debug = task.get("doc_id") == kinds.CANVAS_DEBUG_DOC_ID
     _check_str(task, "doc_id", problems)
     _check_str(task, "tenant_id", problems)
     _check_str(task, "dataflow_id", problems)
@@ -316,7 +307,7 @@ def _is_str_list(value: object) -> bool:
 
 
 # The fields each check reads, by the name the task kinds' table gives it.
-CHECKS: dict[DryRunCheck, Callable[[Mapping[str, Any], set[str]], dict[str, Any]]] = {
+CHECKS: dict[kinds.DryRunCheck, Callable[[Mapping[str, Any], set[str]], dict[str, Any]]] = {
     "pages": _parse_fields,
     "doc_ids": _dataset_fields,
     "dataflow": _dataflow_fields,
