@@ -4,7 +4,6 @@ loses nothing, and RAGFlow's group is as RAGFlow left it."""
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +13,7 @@ import valkey.asyncio as avalkey
 
 from sidecar.config import Settings
 from sidecar.dev.local_stack import LocalValkey
-from tests.conftest import free_port
+from tests.conftest import free_port, own_valkey
 from tests.faults.support import (
     FaultRow,
     Share,
@@ -34,11 +33,8 @@ pytestmark = [pytest.mark.faults, pytest.mark.timeout(420)]
 @pytest.fixture
 def aof_valkey(tmp_path: Path) -> Iterator[LocalValkey]:
     """A Valkey of this test's own, persisting to an append-only file."""
-    server = LocalValkey(tmp_path / "valkey-aof", free_port(), aof=True)
-    server.start()
-    yield server
-    server.stop()
-    shutil.rmtree(tmp_path / "valkey-aof", ignore_errors=True)
+    with own_valkey(tmp_path / "valkey-aof", aof=True) as server:
+        yield server
 
 
 async def test_valkey_restarted_with_aof_mid_stream(
