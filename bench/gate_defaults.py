@@ -34,10 +34,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.stats import norm
 
+from sidecar.config.rollout import RolloutSettings
 from sidecar.config.serve import GateSettings
 from sidecar.serve import histograms as hist
 from sidecar.serve.gate_tests import BY_NAME, MARGIN_TESTS, RETRY_CLUSTER, TESTS, margin_of
-from sidecar.serve.margins import margin_at, mixture_radius
+from sidecar.serve.margins import margin_at, mixture_radius, rho_for, weighed
 from sidecar.serve.sequential import (
     COUNT_MIXTURE,
     TILT_MIXTURE,
@@ -55,19 +56,25 @@ SIZE_P = SIZES**-1.6 / (SIZES**-1.6).sum()
 BROKEN, ALONE = 0.01, 0.006
 
 
+_ROLLOUT, _GATE = RolloutSettings(), GateSettings()
+
+
 @dataclass(frozen=True)
 class Defaults:
-    steps: tuple[float, ...] = (1.0, 5.0, 25.0, 50.0, 100.0)
-    dwell_min: int = 10
-    min_documents: int = 50
-    alpha: float = 0.01
+    """The shipped settings (sidecar/config), so a change of default is benched as shipped."""
+
+    steps: tuple[float, ...] = _ROLLOUT.steps
+    dwell_min: int = round(_ROLLOUT.dwell_s / 60)
+    min_documents: int = _ROLLOUT.min_documents
+    alpha: float = _GATE.alpha
+    margin_alpha: float = _GATE.margin_alpha
     # The shipped margins: each test's GATE_*_MARGIN_* at its default.
     margins: dict[str, float] = field(
         default_factory=lambda: {
             name: getattr(GateSettings(), margin_of(name).field) for name in MARGIN_TESTS
         }
     )
-    holdback: float = 5.0  # per cent of documents kept on Redis at 100 %
+    holdback: float = _ROLLOUT.holdback_percent  # per cent of documents kept on Redis at 100 %
 
 
 @dataclass(frozen=True)
@@ -106,12 +113,8 @@ class Tests:
     def __init__(self, n: int) -> None:
         self.count = {name: np.zeros((n, len(COUNT_MIXTURE.nodes))) for name in ("f", "r")}
         self.tilt = {name: np.zeros((n, len(TILT_MIXTURE.nodes))) for name in ("p", "q")}
-        # Per margin: excess, spent (V / s^2), sum, sum of squares, count (for s^2).
+        # Per margin: weighted excess, weight W, sum, sum of squares, count (for s^2).
         self.margin = {name: np.zeros((5, n)) for name in MARGIN_TESTS}
-        self._kafka_documents = {name: np.zeros(n) for name in self.margin}
-
-    def kafka_documents(self, name: str, n: Array) -> None:
-        self._kafka_documents[name] += n
 
     def harm(self) -> Array:
         """ln e-values, (tests, runs)."""
@@ -130,10 +133,11 @@ class Tests:
                 var = p * (1 - p)
             else:
                 var = np.maximum(var, 0.01)
-            radius, _ = mixture_radius(spent * var, var, alpha)
             allowed = np.array([margin_at(name, margins[name], s) for s in next_share])
-            n_k = self._kafka_documents[name]
-            upper = np.divide(excess + radius, n_k, out=np.full_like(excess, np.inf), where=n_k > 0)
+            radius, _ = mixture_radius(spent * var, rho_for(var, allowed, alpha), alpha)
+            upper = np.divide(
+                excess + radius, spent, out=np.full_like(excess, np.inf), where=spent > 0
+            )
             ok &= upper < allowed
         return ok
 
@@ -176,6 +180,7 @@ def simulate(
     merged, _ = hist.merge_floor(tuple(BUCKETS_MS), np.zeros((1, len(bounds) + 1)), FLOOR_MS)
     scores = hist.scores(merged)
     each = plan.alpha / len(TESTS)
+    last_step = len(plan.steps) - 1
     rollback, hold = math.log(1 / each), math.log(math.sqrt(1 / each))
     steps = np.array([min(s, 100 - plan.holdback) for s in plan.steps]) / 100
     next_of = np.array([*plan.steps[1:], 100.0]) / 100
@@ -250,7 +255,6 @@ def simulate(
             k, r = latency[key]
             tests.tilt[key] += tilt_log_ratios(k, r, scores, TILT_MIXTURE.nodes)
         # Margins: Kafka's excess over its own minute's Redis mean.
-        both = (n[0] > 0) & (n[1] > 0)
         values = {
             "failed": (x[0].astype(float), x[1].astype(float), x.sum(axis=0), x.sum(axis=0)),
         }
@@ -259,14 +263,12 @@ def simulate(
             values[name] = (k @ scores, r @ scores, (k + r) @ scores, (k + r) @ scores**2)
         for name, (s_k, s_r, s_all, sq_all) in values.items():
             m = tests.margin[name]
-            mean_r = np.divide(s_r, n[1], out=np.zeros(runs), where=n[1] > 0)
-            m[0] += np.where(both, s_k - n[0] * mean_r, 0)
-            m[1] += np.where(both, n[0] * (1 + np.divide(n[0], n[1], out=np.zeros(runs),
-                                                          where=n[1] > 0)), 0)  # fmt: skip
+            terms, weights = weighed(n[0], s_k, n[1], s_r)
+            m[0] += terms
+            m[1] += weights
             m[2] += s_all
             m[3] += sq_all
             m[4] += n[0] + n[1]
-            tests.kafka_documents(name, np.where(both, n[0], 0))
         step_docs += n
         # The autopilot's look.
         harm = tests.harm()
@@ -274,11 +276,12 @@ def simulate(
         rolled_at[back] = minute
         ramping = live & ~back & (reached < 0)
         due = ramping & (minute - since + 1 >= plan.dwell_min)
-        due &= (step_docs[0] >= plan.min_documents) & (step_docs[1] >= plan.min_documents)
+        last = index == last_step
+        # The last step needs no Redis documents and shows no margin (sidecar/rollout).
+        due &= (step_docs[0] >= plan.min_documents) & (last | (step_docs[1] >= plan.min_documents))
         due &= (harm < hold).all(axis=0)
-        if due.any():
-            due &= tests.shown(plan.margins, next_of[index], each)
-        last = index == len(steps) - 1
+        if (due & ~last).any():
+            due &= last | tests.shown(plan.margins, next_of[index], plan.margin_alpha)
         reached[due & last] = minute
         up = due & ~last
         index[up] += 1

@@ -275,8 +275,8 @@ def test_the_autopilot_runs_beside_the_sidecar_with_its_settings(
         rollout["environment"]["SHUTDOWN_GRACE_S"]
     )
     settings = Settings.from_env(environ=rollout["environment"])
-    assert settings.rollout.steps == (1.0, 5.0, 25.0, 50.0, 100.0)
-    assert (settings.rollout.dwell_s, settings.rollout.min_documents) == (600.0, 50)
+    assert settings.rollout.steps == (5.0, 25.0, 50.0, 100.0)
+    assert (settings.rollout.dwell_s, settings.rollout.min_documents) == (600.0, 20)
     assert (settings.rollout.on_rollback, settings.rollout.lease_s) == ("zero", 30.0)
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from sidecar.config.serve import GateSettings
 from sidecar.serve.gate_checks import Judged, analyse
-from sidecar.serve.margins import margin_at, run_margins
+from sidecar.serve.margins import margin_at, run_margins, weighed
 from sidecar.wire.evidence import Evidence
 from tests.test_gate_stats import minute_of
 
@@ -56,8 +56,23 @@ def test_the_margin_is_the_harm_to_all_documents_at_the_next_share() -> None:
     assert math.exp(margin_at("processing", 1.2, 0.5)) == pytest.approx(1.4)
 
 
+def test_the_shipped_margins_are_the_harms_the_gate_must_catch() -> None:
+    assert MARGINS == {"failed": 2.0, "processing": 1.5, "queue_wait": 3.0}
+
+
+def test_a_minute_weighs_what_its_difference_of_means_tells() -> None:
+    """At a few documents a minute the split is uneven by chance: 3 Kafka documents beside 1
+    Redis one tell a difference of means of variance s^2 (1/3 + 1), so they weigh 0.75, not
+    the 3 that counting Kafka's documents gave them."""
+    n_k, s_k = np.array([3.0, 2.0, 0.0]), np.array([3.0, 1.0, 0.0])
+    n_r, s_r = np.array([1.0, 2.0, 4.0]), np.array([0.0, 1.0, 2.0])
+    terms, weights = weighed(n_k, s_k, n_r, s_r)
+    assert weights.tolist() == pytest.approx([0.75, 1.0, 0.0])
+    assert terms.tolist() == pytest.approx([0.75 * (1.0 - 0.0), 1.0 * (0.5 - 0.5), 0.0])
+
+
 def test_a_healthy_path_is_shown_non_inferior_once_the_evidence_is_in() -> None:
-    few = minutes(1, 3, 0.5)
+    few = minutes(1, 3, 0.02)  # about 6 Kafka documents
     assert shown(few, 1.0) == {"failed": False, "processing": False, "queue_wait": False}
     many = minutes(2, 240, 0.5, drift=True)
     assert shown(many, 1.0) == {"failed": True, "processing": True, "queue_wait": True}

@@ -81,9 +81,17 @@ class GateSettings:
     # shows Kafka no worse than this, as a cost to all documents at the next step's share.
     # Kafka's consumed records that may go to the dead-letter topic (Redis has none), percent.
     dead_letter_percent: float = 0.1
+    # The margins are the harms the gate must not promote (a +2 point failure rate, x1.5
+    # processing, x3 queue wait), not tighter ones: a transport cannot make a parser 20 %
+    # slower, and a margin of x1.2 cost more evidence than catching x1.5 does.
     failed_margin_points: float = 2.0  # failed documents, points
-    processing_margin_ratio: float = 1.2  # typical processing time, Kafka over Redis
-    queue_wait_margin_ratio: float = 1.5  # typical queue wait, Kafka over Redis
+    processing_margin_ratio: float = 1.5  # typical processing time, Kafka over Redis
+    queue_wait_margin_ratio: float = 3.0  # typical queue wait, Kafka over Redis
+    # The chance that a step is promoted while Kafka is worse than its margin by exactly the
+    # margin, per margin, however often the gate looks: the error of promoting. GATE_ALPHA is
+    # the other error, rolling back a healthy shift; the two are not one budget, so neither
+    # is split by the other's tests.
+    margin_alpha: float = 0.025
 
     @property
     def margins(self) -> dict[str, float]:
@@ -139,6 +147,7 @@ GATE = Table(
     Var("GATE_FAILED_MARGIN_POINTS", "failed_margin_points", number(0.01, 100.0)),
     Var("GATE_PROCESSING_MARGIN_RATIO", "processing_margin_ratio", number(1.01, 100.0)),
     Var("GATE_QUEUE_WAIT_MARGIN_RATIO", "queue_wait_margin_ratio", number(1.01, 100.0)),
+    Var("GATE_MARGIN_ALPHA", "margin_alpha", _alpha),
 )
 SERVE_VARIABLES: tuple[str, ...] = SERVE.names
 GATE_VARIABLES: tuple[str, ...] = GATE.names

@@ -128,11 +128,14 @@ def evidence_needed(
     redis_documents: int,
     now_ms: int,
 ) -> EvidenceNeeded:
-    """The dwell left and the documents each path still needs in the current step. At 100 %
-    no Redis document is needed: nothing is left on Redis to finish any. One rule for the autopilot
-    and for ``/metrics``, so the dashboard shows what the autopilot waits for."""
+    """The dwell left and the documents each path still needs in the current step. At the
+    plan's last step no Redis document is needed: at 100 % nothing is left on Redis, and the
+    hold-back is a control for the harm tests, with nothing left to promote on its evidence.
+    One rule for the autopilot and for ``/metrics``, so the dashboard shows what the autopilot
+    waits for."""
     left_s = plan.dwell_s - (now_ms - state.step_since_ms) / 1000
-    redis_needed = 0 if state.share >= 100.0 else max(plan.min_documents - redis_documents, 0)
+    last = state.step + 1 >= len(plan.steps)
+    redis_needed = 0 if last else max(plan.min_documents - redis_documents, 0)
     return EvidenceNeeded(
         dwell_s=max(left_s, 0.0),
         documents={"kafka": max(plan.min_documents - kafka_documents, 0), "redis": redis_needed},

@@ -182,7 +182,7 @@ async def collect(
     baseline: tuple[int, int] | None = None,
     source: GateSource | None = None,
     *,
-    next_share: float = 1.0,
+    next_share: float | None = 1.0,
 ) -> GateReport:
     """Read both kinds of evidence over ``[since_ms, until_ms]`` (from ``source``, by default
     afresh) and judge them; with ``baseline`` (its since and until, ms), also the Kafka minutes

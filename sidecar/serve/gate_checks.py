@@ -106,17 +106,22 @@ def analyse(
     served_active: bool,
     baseline: Baseline | None = None,
     watched: Sequence[Evidence] = (),
-    next_share: float = 1.0,
+    next_share: float | None = 1.0,
 ) -> list[Check]:
     """The checks, each ``ok``, ``hold``, ``rollback`` or ``n/a``; the worst one decides.
     ``minutes`` are the window's minute buckets in time order, ``served`` their sum; with a
     ``baseline``, ``watched`` are the minutes after it, whose Kafka path is tested against it;
     ``next_share`` (0-1]: the share a promotion would serve, which sets the margins
-    (``margins.margin_at``)."""
+    (``margins.margin_at``); ``None`` at a plan's last step, which has no step after it: its
+    margins, the harm at 100 %, were shown at the step before, and the harm tests go on."""
     return [
         *_judged_checks(gate, judged),
         *_served_checks(gate, served, minutes, served_active, baseline),
-        *(_margin_checks(gate, minutes, next_share) if served_active else []),
+        *(
+            _margin_checks(gate, minutes, next_share)
+            if served_active and next_share is not None
+            else []
+        ),
         *(_baseline_checks(gate, baseline, watched, served_active) if baseline else []),
     ]
 
@@ -275,8 +280,7 @@ def _test_check(test: SequentialResult) -> Check:
 
 def _margin_checks(gate: GateSettings, minutes: Sequence[Evidence], share: float) -> list[Check]:
     """Non-inferiority, one row a margin: ``ok`` once shown, ``hold`` until then."""
-    each = gate.alpha / len(TESTS)
-    results = run_margins(minutes, gate.margins, share, each, gate.latency_floor_ms)
+    results = run_margins(minutes, gate.margins, share, gate.margin_alpha, gate.latency_floor_ms)
     return [_margin_check(result, share) for result in results]
 
 

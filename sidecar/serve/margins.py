@@ -8,16 +8,23 @@ Kafka's excess over Redis, per Kafka document:
 - ``processing`` and ``queue_wait``: the log of the ratio of typical (geometric-mean) times,
   from the histograms' buckets under the latency floor merged (``GATE_*_MARGIN_RATIO``).
 
-Drift is taken out minute by minute: each Kafka document is compared with the Redis documents
-of its own minute, ``E = sum_t (sum of Kafka's values_t - n_kafka_t * Redis's mean_t)`` over
-the minutes both paths had documents in (a mix that drifts, a batch of scanned PDFs, moves both
-alike). ``E`` is a sum of independent terms whose variance grows by ``s^2 n_k (1 + n_k / n_r)``
-a minute (``s^2`` the window's pooled variance of one document's value), and the normal
-mixture boundary (Robbins; Howard et al. 2021, eq. (14)) bounds it at every minute at once with
-probability ``1 - alpha``: ``E <= sqrt(2 (V + rho) ln(sqrt((V + rho) / rho) / alpha))``. The
-excess per document ``E / N`` is below the margin when that bound is: checked as often as the
-gate looks, the chance of showing a worse path non-inferior stays ``alpha`` (asymptotically:
-the variance is estimated, and counts are taken as sub-Gaussian).
+Drift is taken out minute by minute: each minute compares the Kafka documents' mean with the
+Redis documents' mean of that minute (a mix that drifts, a batch of scanned PDFs, moves both
+alike), weighted by ``w_t = n_k n_r / (n_k + n_r)``, the inverse of the difference's variance
+in units of one document's: ``E = sum_t w_t (mean_k_t - mean_r_t)``, ``W = sum_t w_t`` (the
+*effective documents*). At a few documents a minute the split is uneven by chance, and a
+minute of 3 Kafka documents beside 1 Redis one weighs 0.75, what its difference tells;
+weighted by Kafka's documents it weighed 3, and such minutes added more noise than evidence.
+``E`` is a sum of independent terms of variance ``s^2 W`` (``s^2`` the window's pooled variance of one document's
+value), and the normal mixture boundary (Robbins; Howard et al. 2021, eq. (14)) bounds it at
+every minute at once with probability ``1 - alpha``:
+``E <= sqrt(2 (V + rho) ln(sqrt((V + rho) / rho) / alpha))``. The excess ``E / W`` is below the
+margin when that bound is: checked as often as the gate looks, the chance of showing a worse
+path non-inferior stays ``alpha`` (asymptotically: the variance is estimated, and counts are
+taken as sub-Gaussian). ``rho`` is set where the boundary is tightest for the margin at hand:
+about a tenth of the variance at which it is expected to be shown (``crossing``), so a step
+whose margin is wide is shown on a few documents and one whose margin is narrow on the
+thousands it needs, each near the least a time-uniform bound allows.
 
 The margin is the harm the next step may do to *all* documents: the allowed excess is the
 margin divided by the next step's share (``margin_at``), so a small step is promoted on little
@@ -40,8 +47,10 @@ from sidecar.serve.gate_tests import BY_NAME, COUNTED, MARGIN_TESTS, SAMPLED, ma
 from sidecar.serve.sequential import Array
 from sidecar.wire.evidence import Evidence, histograms
 
-# The boundary is tightest about this many Kafka documents' worth of variance.
-RHO_DOCUMENTS: Final = 500.0
+# rho as a fraction of the variance at the expected crossing: (1 + r)(ln(1/alpha) +
+# ln((1 + r) / r) / 2), what the boundary costs over a fixed-horizon one, is least near 0.1 for
+# the alphas a gate uses (0.001 to 0.05), and flat around it.
+RHO_FRACTION: Final = 0.1
 
 
 @dataclass(frozen=True)
@@ -56,6 +65,7 @@ class MarginResult:
     margin: float  # the excess allowed at the next share (same unit)
     documents: int  # Kafka documents compared (in minutes with Redis documents too)
     needed: int | None = None  # Kafka documents more that would show it, if it can be shown
+    effective: float = 0.0  # W: the documents' weight so far (see the module's docstring)
 
     @property
     def shown(self) -> bool:
@@ -141,14 +151,40 @@ def _latency(
     return _bound(_Check(name, variance, margin, alpha), n_k, s_k, n_r, s_r)
 
 
-def mixture_radius(v: Array | float, variance: Array | float, alpha: float) -> tuple[Array, Array]:
-    """The normal mixture boundary on a sum of variance ``v`` (time-uniform at ``alpha``),
-    tightest about ``RHO_DOCUMENTS`` documents of ``variance`` each; and its log term.
-    Arrays broadcast: the calibration bench bounds thousands of rollouts at once."""
-    rho = RHO_DOCUMENTS * np.asarray(variance, dtype=float)
+def crossing(variance: Array | float, allowed: Array | float, alpha: float) -> Array:
+    """The effective documents ``W`` at which the boundary (tuned by ``rho_for``) reaches
+    ``allowed`` per document when the true excess is 0: ``2 s^2 (1 + r)(ln(1/alpha) +
+    ln((1 + r)/r)/2) / allowed^2``. About half of healthy rollouts show the margin by then."""
+    r = RHO_FRACTION
+    cost = (1 + r) * (math.log(1 / alpha) + 0.5 * math.log((1 + r) / r))
+    return np.asarray(2 * cost * np.asarray(variance) / np.asarray(allowed) ** 2, dtype=float)
+
+
+def rho_for(variance: Array | float, allowed: Array | float, alpha: float) -> Array:
+    """The boundary's ``rho`` for a margin: ``RHO_FRACTION`` of the variance at its expected
+    crossing. It depends on the margin at hand and the pooled variance only, never on the
+    excess seen, so the bound keeps its level."""
+    v = np.asarray(variance, dtype=float)
+    return np.maximum(RHO_FRACTION * v * crossing(v, allowed, alpha), 1e-12)
+
+
+def mixture_radius(v: Array | float, rho: Array | float, alpha: float) -> tuple[Array, Array]:
+    """The normal mixture boundary on a sum of variance ``v``, time-uniform at ``alpha``,
+    tightest about ``rho``; and its log term. Arrays broadcast: the calibration bench bounds
+    thousands of rollouts at once."""
+    rho = np.asarray(rho, dtype=float)
     total = np.asarray(v, dtype=float) + rho
     log_term = np.log(np.sqrt(total / rho) / alpha)
     return np.sqrt(2 * total * log_term), log_term
+
+
+def weighed(n_k: Array, s_k: Array, n_r: Array, s_r: Array) -> tuple[Array, Array]:
+    """Per minute (any leading axes): ``w (mean_k - mean_r)`` and ``w``, 0 in a minute without
+    documents on both paths; from the documents and the sums of their values."""
+    both = (n_k > 0) & (n_r > 0)
+    safe_k, safe_r = np.where(both, n_k, 1.0), np.where(both, n_r, 1.0)
+    weight = np.where(both, safe_k * safe_r / (safe_k + safe_r), 0.0)
+    return weight * (s_k / safe_k - s_r / safe_r), weight
 
 
 @dataclass(frozen=True)
@@ -160,23 +196,40 @@ class _Check:
 
 
 def _bound(check: _Check, n_k: Array, s_k: Array, n_r: Array, s_r: Array) -> MarginResult:
-    """Kafka's excess over its own minute's Redis mean, summed, and its mixture bound; per
+    """Kafka's weighted excess over its own minute's Redis mean and its mixture bound; per
     minute the documents and the sum of their values, Kafka's then Redis's."""
     name, variance, margin, alpha = check.name, check.variance, check.margin, check.alpha
     both = (n_k > 0) & (n_r > 0)
     documents = int(n_k[both].sum())
     if not documents:
         return MarginResult(name, alpha, None, None, margin, 0)
-    n_k, s_k, n_r, s_r = n_k[both], s_k[both], n_r[both], s_r[both]
-    excess = float((s_k - n_k * s_r / n_r).sum())
-    spent = float((n_k * (1 + n_k / n_r)).sum())  # V / s^2
-    radius, log_term = mixture_radius(spent * variance, variance, alpha)
-    estimate = excess / documents
-    upper = float((excess + radius) / documents)
+    terms, weights = weighed(n_k, s_k, n_r, s_r)
+    excess, effective = float(terms.sum()), float(weights.sum())
+    rho = rho_for(variance, margin, alpha)
+    radius, _ = mixture_radius(effective * variance, rho, alpha)
+    estimate = excess / effective
+    upper = float((excess + radius) / effective)
     needed = None
     if upper >= margin and estimate < margin:
-        # The radius per document shrinks as 1/sqrt(N): the N at which it fits the gap left.
-        per_document = spent / documents
-        wanted = 2 * per_document * variance * float(log_term) / (margin - estimate) ** 2
-        needed = max(math.ceil(wanted - documents), 1)
-    return MarginResult(name, alpha, estimate, upper, margin, documents, needed)
+        # The weight that would show it were the estimate to stay, found on the boundary
+        # itself (it grows a little faster than linearly); Kafka's documents per unit of
+        # weight so far turn it into documents.
+        wanted = _weight_to_show(variance, margin - estimate, rho, alpha, effective)
+        needed = max(math.ceil((wanted - effective) * documents / effective), 1)
+    return MarginResult(name, alpha, estimate, upper, margin, documents, needed, effective)
+
+
+def _weight_to_show(variance: float, gap: float, rho: Array, alpha: float, start: float) -> float:
+    """The least weight ``W >= start`` with ``radius(W) / W < gap``: doubling, then bisection."""
+
+    def fits(w: float) -> bool:
+        return float(mixture_radius(w * variance, rho, alpha)[0]) / w < gap
+
+    high = max(start, 1.0)
+    while not fits(high):
+        high *= 2
+    low = high / 2
+    for _ in range(40):
+        mid = (low + high) / 2
+        low, high = (low, mid) if fits(mid) else (mid, high)
+    return high
