@@ -10,21 +10,21 @@ Kafka's excess over Redis, per Kafka document:
 
 Drift is taken out minute by minute: each minute compares the Kafka documents' mean with the
 Redis documents' mean of that minute (a mix that drifts, a batch of scanned PDFs, moves both
-alike), weighted by ``w_t = n_k n_r / (n_k + n_r)``, the inverse of the difference's variance
-in units of one document's: ``E = sum_t w_t (mean_k_t - mean_r_t)``, ``W = sum_t w_t`` (the
-*effective documents*). At a few documents a minute the split is uneven by chance, and a
-minute of 3 Kafka documents beside 1 Redis one weighs 0.75, what its difference tells;
-weighted by Kafka's documents it weighed 3, and such minutes added more noise than evidence.
-``E`` is a sum of independent terms of variance ``s^2 W`` (``s^2`` the window's pooled variance of one document's
-value), and the normal mixture boundary (Robbins; Howard et al. 2021, eq. (14)) bounds it at
-every minute at once with probability ``1 - alpha``:
-``E <= sqrt(2 (V + rho) ln(sqrt((V + rho) / rho) / alpha))``. The excess ``E / W`` is below the
-margin when that bound is: checked as often as the gate looks, the chance of showing a worse
-path non-inferior stays ``alpha`` (asymptotically: the variance is estimated, and counts are
-taken as sub-Gaussian). ``rho`` is set where the boundary is tightest for the margin at hand:
-about a tenth of the variance at which it is expected to be shown (``crossing``), so a step
-whose margin is wide is shown on a few documents and one whose margin is narrow on the
-thousands it needs, each near the least a time-uniform bound allows.
+alike), weighted by ``w_t = n_k n_r / (n_k + n_r)``, the inverse of the difference's variance in
+units of one document's: ``E = sum_t w_t (mean_k_t - mean_r_t)``, ``W = sum_t w_t`` (the
+*effective documents*). At a few documents a minute the split is uneven by chance, and a minute
+of 3 Kafka documents beside 1 Redis one weighs 0.75, what its difference tells; weighted by
+Kafka's documents it weighed 3, and such minutes added more noise than evidence. ``E`` is a sum
+of independent terms of variance ``s^2 W`` (``s^2`` the window's pooled variance of one
+document's value), and the normal mixture boundary (Robbins; Howard et al. 2021, eq. (14))
+bounds it at every minute at once with probability ``1 - alpha``: ``E <= sqrt(2 (V + rho)
+ln(sqrt((V + rho) / rho) / alpha))``. The excess ``E / W`` is below the margin when that bound
+is: checked as often as the gate looks, the chance of showing a worse path non-inferior stays
+``alpha`` (asymptotically: the variance is estimated, and counts are taken as sub-Gaussian).
+``rho`` is set where the boundary is tightest for the margin at hand: about a tenth of the
+variance at which it is expected to be shown (``crossing``), so a step whose margin is wide is
+shown on a few documents and one whose margin is narrow on the thousands it needs, each near the
+least a time-uniform bound allows.
 
 The margin is the harm the next step may do to *all* documents: the allowed excess is the
 margin divided by the next step's share (``margin_at``), so a small step is promoted on little
