@@ -51,6 +51,12 @@ from sidecar.wire.evidence import Evidence, histograms
 # ln((1 + r) / r) / 2), what the boundary costs over a fixed-horizon one, is least near 0.1 for
 # the alphas a gate uses (0.001 to 0.05), and flat around it.
 RHO_FRACTION: Final = 0.1
+# Minutes compared together, a stratum. At a few documents a minute a minute often has none on
+# one path (its documents then tell nothing) or one beside several; five minutes together keep
+# ~96 % of the evidence at 5 documents a minute where single minutes kept ~80 %, and a drift
+# that moves both paths alike hardly moves in five minutes. Only whole strata count: a partial
+# one's weight would still change, and the bound is for a sum of finished terms.
+STRATUM_MINUTES: Final = 5
 
 
 @dataclass(frozen=True)
@@ -187,6 +193,13 @@ def weighed(n_k: Array, s_k: Array, n_r: Array, s_r: Array) -> tuple[Array, Arra
     return weight * (s_k / safe_k - s_r / safe_r), weight
 
 
+def strata(per_minute: Array) -> Array:
+    """Sums over whole strata of ``STRATUM_MINUTES`` consecutive minutes (a partial last one
+    is left out until it is whole)."""
+    whole = len(per_minute) // STRATUM_MINUTES * STRATUM_MINUTES
+    return np.asarray(per_minute[:whole], dtype=float).reshape(-1, STRATUM_MINUTES).sum(axis=1)
+
+
 @dataclass(frozen=True)
 class _Check:
     name: str
@@ -196,9 +209,10 @@ class _Check:
 
 
 def _bound(check: _Check, n_k: Array, s_k: Array, n_r: Array, s_r: Array) -> MarginResult:
-    """Kafka's weighted excess over its own minute's Redis mean and its mixture bound; per
+    """Kafka's weighted excess over its own stratum's Redis mean and its mixture bound; per
     minute the documents and the sum of their values, Kafka's then Redis's."""
     name, variance, margin, alpha = check.name, check.variance, check.margin, check.alpha
+    n_k, s_k, n_r, s_r = (strata(a) for a in (n_k, s_k, n_r, s_r))
     both = (n_k > 0) & (n_r > 0)
     documents = int(n_k[both].sum())
     if not documents:
