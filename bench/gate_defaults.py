@@ -38,7 +38,7 @@ from sidecar.config.rollout import RolloutSettings
 from sidecar.config.serve import GateSettings
 from sidecar.serve import histograms as hist
 from sidecar.serve.gate_tests import BY_NAME, MARGIN_TESTS, RETRY_CLUSTER, TESTS, margin_of
-from sidecar.serve.margins import STRATUM_MINUTES, margin_at, mixture_radius, rho_for, weighed
+from sidecar.serve.margins import STRATUM_DOCUMENTS, margin_at, mixture_radius, rho_for, weighed
 from sidecar.serve.sequential import (
     COUNT_MIXTURE,
     TILT_MIXTURE,
@@ -268,15 +268,14 @@ def simulate(
         for name, key in (("processing", "p"), ("queue_wait", "q")):
             k, r = latency[key]
             values[name] = (k @ scores, r @ scores, (k + r) @ scores, (k + r) @ scores**2)
-        whole = (minute + 1) % STRATUM_MINUTES == 0
         for name, (s_k, s_r, s_all, sq_all) in values.items():
             m, stratum = tests.margin[name], tests.stratum[name]
             stratum += np.stack([n[0], s_k, n[1], s_r])
-            if whole:
-                terms, weights = weighed(*stratum)
-                m[0] += terms
-                m[1] += weights
-                stratum[:] = 0
+            whole = (stratum[0] >= STRATUM_DOCUMENTS) & (stratum[2] >= STRATUM_DOCUMENTS)
+            terms, weights = weighed(*stratum)
+            m[0] += np.where(whole, terms, 0.0)
+            m[1] += np.where(whole, weights, 0.0)
+            stratum[:, whole] = 0
             m[2] += s_all
             m[3] += sq_all
             m[4] += n[0] + n[1]

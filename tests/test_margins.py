@@ -10,7 +10,7 @@ import pytest
 
 from sidecar.config.serve import GateSettings
 from sidecar.serve.gate_checks import Judged, analyse
-from sidecar.serve.margins import margin_at, run_margins, weighed
+from sidecar.serve.margins import margin_at, run_margins, strata, weighed
 from sidecar.wire.evidence import Evidence
 from tests.test_gate_stats import minute_of
 
@@ -69,6 +69,14 @@ def test_a_minute_weighs_what_its_difference_of_means_tells() -> None:
     terms, weights = weighed(n_k, s_k, n_r, s_r)
     assert weights.tolist() == pytest.approx([0.75, 1.0, 0.0])
     assert terms.tolist() == pytest.approx([0.75 * (1.0 - 0.0), 1.0 * (0.5 - 0.5), 0.0])
+
+
+def test_a_stratum_is_the_minutes_until_each_path_has_three_documents() -> None:
+    """By the documents alone: at a few documents a minute several minutes make a stratum, at
+    many a minute is one, and the minutes of the stratum still filling are left out."""
+    n_k = np.array([1.0, 0.0, 2.0, 5.0, 4.0, 1.0, 0.0])
+    n_r = np.array([0.0, 2.0, 1.0, 9.0, 3.0, 2.0, 5.0])
+    assert strata(n_k, n_r).tolist() == [0, 0, 0, 1, 2, -1, -1]
 
 
 def test_a_healthy_path_is_shown_non_inferior_once_the_evidence_is_in() -> None:
