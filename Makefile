@@ -1,10 +1,11 @@
 # The two entry points are `make demo` and `make test`; each builds what it needs from nothing.
+# `make check` is the one to run while working: lint, typecheck and the tests that need no server.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest pytest-ragflow-pins test-kafka39 system-deps clean bench helm
+.PHONY: demo test check pytest-check lint typecheck pytest pytest-ragflow-pins test-kafka39 system-deps clean bench helm
 
 # The Apache Kafka release every broker of the tests runs (tests/conftest.py): empty is the local
 # stack's 4.x; `make test KAFKA_VERSION=3.9.1` runs the whole suite on the seed's Kafka 3.9.
@@ -107,6 +108,17 @@ $(RAGFLOW_STAMP): $(RAGFLOW_CONSTRAINTS) pyproject.toml
 pytest-ragflow-pins: $(RAGFLOW_STAMP)
 	$(RAGFLOW_VENV)/bin/python -m tools.ragflow_constraints verify --only $(RAGFLOW_MQ_FREEZE) $(RAGFLOW_CONSTRAINTS)
 	$(RAGFLOW_VENV)/bin/pytest -m ragflow_pins
+
+# The tests that need no server (no Valkey, Kafka, Helm, Prometheus, docker-compose, package
+# index): those tests/tiers.py leaves unmarked by `servers`. About a minute and a half on 2
+# busy CPUs; the stack is never started for them (tests/conftest.py).
+pytest-check: $(STAMP)
+	$(BIN)/pytest -m "not servers" -p no:cacheprovider --durations=5
+
+# Side by side: ruff, mypy and pytest are each one process, and this machine has 2 CPUs; each
+# one's output is printed whole when it ends (-O).
+check: $(STAMP)
+	@$(MAKE) --no-print-directory -j3 -O lint typecheck pytest-check
 
 test-kafka39: $(STAMP)
 	KAFKA_VERSION=$(KAFKA39_VERSION) $(BIN)/pytest -m kafka39

@@ -1,5 +1,8 @@
 """Session-wide real Valkey and Kafka, started by the project's own local stack.
 
+Only a run that holds a test needing servers starts them: a test is marked ``servers`` when its
+fixtures reach one decorated ``@tiers.starts_servers``, and `make check` runs the rest
+(tests/tiers.py).
 They run on free ports under a temporary directory, so a developer's own `local-stack up`
 is never touched, and are stopped (by pid) when the session ends. ``KAFKA_VERSION`` (``make
 test KAFKA_VERSION=3.9.1``) picks the Apache Kafka release of every broker the tests start.
@@ -25,6 +28,7 @@ from sidecar.config import Settings
 from sidecar.dev.local_stack import LocalKafka, LocalStack, LocalValkey, StackConfig
 from sidecar.dev.local_stack.kafka import DEFAULT_KAFKA_VERSION
 from sidecar.errors import LocalStackError
+from tests import tiers
 from tests.otlp_support import Collector, running_collector
 
 _STACK = pytest.StashKey[LocalStack]()
@@ -58,11 +62,24 @@ def kafka_version() -> str:
     return version
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    tiers.register(config)
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     try:
-        version = kafka_version()
+        kafka_version()
     except ValueError as exc:
         pytest.exit(str(exc), returncode=4)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the stack once the run is known to need it: `make check` (``-m "not servers"``)
+    and a run of server-free files start nothing. Before the terminal reporter's own hook, so
+    that the versions it prints (below) are the running servers'."""
+    if session.config.option.collectonly or not tiers.needs_servers(session.items):
+        return
     root = Path(tempfile.mkdtemp(prefix="sidecar-tests-"))
     stack = LocalStack(
         StackConfig(
@@ -70,7 +87,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             valkey_port=free_port(),
             kafka_port=free_port(),
             kafka_controller_port=free_port(),
-            kafka_version=version,
+            kafka_version=kafka_version(),
         )
     )
     session.config.stash[_STACK] = stack
@@ -81,7 +98,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         pytest.exit(f"the local stack (real Valkey and Kafka) did not start: {exc}", returncode=3)
 
 
-def pytest_report_header(config: pytest.Config) -> list[str]:
+def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
     stack = config.stash.get(_STACK, None)
     if stack is None:
         return []
@@ -99,7 +116,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 @pytest.fixture(scope="session")
+@tiers.starts_servers
 def stack(request: pytest.FixtureRequest) -> LocalStack:
+    # Started in pytest_collection_finish for every run holding a test marked ``servers``, and
+    # every test that asks for this fixture is (``starts_servers``).
     return request.config.stash[_STACK]
 
 
@@ -148,6 +168,7 @@ async def make_topic(settings: Settings) -> AsyncIterator[Callable[[int], Awaita
 
 
 @pytest.fixture
+@tiers.starts_servers
 def own_broker(tmp_path: Path) -> Iterator[LocalKafka]:
     """A broker of this test's own: killing the session's would disturb other tests."""
     broker = LocalKafka(tmp_path / "stack", free_port(), free_port(), kafka_version())
@@ -158,6 +179,7 @@ def own_broker(tmp_path: Path) -> Iterator[LocalKafka]:
 
 
 @pytest.fixture
+@tiers.starts_servers
 def state_valkey(tmp_path: Path) -> Iterator[LocalValkey]:
     """A Valkey of this test's own for the sidecar's state (SIDECAR_STATE_URL): its memory
     limit and eviction policy are the test's to set, never the session Valkey's."""

@@ -29,6 +29,7 @@ from sidecar.transport.message import QueueMessage
 from sidecar.transport.topic_reader import read_topics
 from sidecar.transport.topics import DLQ_TOPIC, PARSE_TOPIC, VERDICTS_TOPIC, init_topics
 from sidecar.verdicts.reader import read_verdicts as read_verdicts_topic
+from tests import tiers
 from tests.conftest import free_port, kafka_version
 from tests.mirror_support import RAGFLOW_GROUP, ragflow_worker
 from tests.shadow_support import read_verdicts, sidecar_settings
@@ -67,6 +68,7 @@ def test_the_documented_commands_grant_each_principal_what_it_needs() -> None:
 
 
 @pytest.fixture(scope="module")
+@tiers.starts_servers
 async def acl_broker(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalKafka]:
     """One broker with the authorizer, the topics made and the documented ACLs in force."""
     root = tmp_path_factory.mktemp("acl-kafka")

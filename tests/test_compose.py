@@ -32,6 +32,7 @@ import yaml
 import sidecar.config as sidecar_settings
 from sidecar.config import Settings
 from sidecar.config.serve import SERVE_VARIABLES
+from tests import tiers
 
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE_DIR = REPO / "compose"
@@ -140,6 +141,7 @@ def raw() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
+@tiers.starts_servers
 def resolved() -> dict[str, Any]:
     """The compose file as docker-compose resolves it with .env.example."""
     result = _compose_config()
@@ -178,6 +180,7 @@ def _bind_mounts(service: Mapping[str, Any]) -> dict[str, Path]:
 # docker-compose itself
 
 
+@pytest.mark.servers
 def test_docker_compose_accepts_the_file_with_the_env_example() -> None:
     result = _compose_config()
     assert result.returncode == 0, f"docker-compose config failed:\n{result.stderr}"
@@ -186,6 +189,7 @@ def test_docker_compose_accepts_the_file_with_the_env_example() -> None:
     assert yaml.safe_load(result.stdout).get("version", "3.9") == "3.9"
 
 
+@pytest.mark.servers
 def test_docker_compose_is_1_29_or_later() -> None:
     """`condition: service_completed_successfully` arrived in docker-compose 1.29.0."""
     version = subprocess.run(
@@ -199,6 +203,7 @@ def test_docker_compose_is_1_29_or_later() -> None:
     assert (major, minor) >= (1, 29), version
 
 
+@pytest.mark.servers
 @pytest.mark.parametrize("variable", ["REDIS_URL", "SIDECAR_INSTANCE", "MIRROR_CONSUMER"])
 def test_required_variables_are_enforced(tmp_path: Path, variable: str) -> None:
     env_file = tmp_path / ".env"
@@ -295,6 +300,7 @@ def test_stop_grace_outlasts_the_shutdown_grace(resolved: dict[str, Any]) -> Non
     assert _seconds(sidecar["stop_grace_period"]) >= grace + 10
 
 
+@pytest.mark.servers
 def test_ragflow_network_is_external_and_configurable(raw: dict[str, Any]) -> None:
     network = raw["networks"]["ragflow"]
     assert network["external"] is True
@@ -452,10 +458,12 @@ def _assert_promtool_passes(*args: str) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.servers
 def test_promtool_checks_the_prometheus_config() -> None:
     _assert_promtool_passes("check", "config", "prometheus.yml")
 
 
+@pytest.mark.servers
 def test_alert_rules_pass_their_unit_tests() -> None:
     _assert_promtool_passes("test", "rules", "alerts.test.yml")
 
@@ -676,6 +684,7 @@ def test_dockerignore_keeps_local_state_out() -> None:
     assert {".git", ".venv", ".local", "*.egg-info", "**/__pycache__"} <= ignored
 
 
+@pytest.mark.servers
 def test_the_dockerfiles_install_step_works_on_what_it_copies(tmp_path: Path) -> None:
     """`pip install .` on exactly the files the Dockerfile copies (no engine to build with)."""
     context = _copied_context(tmp_path, DOCKERFILE)
@@ -841,6 +850,7 @@ def _standin_env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
+@tiers.starts_servers
 def merged() -> dict[str, Any]:
     """RAGFlow's (stand-in) compose with the override merged over it."""
     result = _override_config(RAGFLOW_MQ_SRC=str(REPO))
@@ -935,6 +945,7 @@ def test_ragflow_override_takes_the_shares_from_ragflows_env(merged: dict[str, A
     assert (settings.mirror.traffic_percent, settings.serve.percent) == (100, 5)
 
 
+@pytest.mark.servers
 def test_ragflow_override_needs_the_sources_path() -> None:
     result = _override_config()
     assert result.returncode != 0
@@ -985,6 +996,7 @@ def test_ragflow_dockerfile_holds_no_secret() -> None:
     assert "--mount=type=secret" not in text
 
 
+@pytest.mark.servers
 def test_the_ragflow_images_wheel_loads_ragflow_mq_at_python_start(tmp_path: Path) -> None:
     """The wheel stage on exactly what it copies, then the layout the image has: the wheel's
     files installed, its sitecustomize directory first on PYTHONPATH."""

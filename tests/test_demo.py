@@ -6,6 +6,7 @@ import asyncio
 import shutil
 from pathlib import Path
 
+import pytest
 import valkey.asyncio as avalkey
 
 from sidecar.dev.demo import BROKEN_ENTRIES, STREAMS, _produce, _Summary
@@ -14,6 +15,7 @@ from tests.conftest import free_port
 from tests.ragflow_support import wait_until
 
 
+@pytest.mark.servers
 async def test_the_live_line_counts_what_is_produced_while_it_is_produced(tmp_path: Path) -> None:
     server = LocalValkey(tmp_path / "valkey", free_port())
     server.start()

@@ -26,6 +26,7 @@ from sidecar.dev.local_stack.valkey import LocalValkey
 from sidecar.doctor.poller import DoctorPoller, register_doctor_metrics
 from sidecar.doctor.requeue import REQUEUED_KEY
 from sidecar.telemetry.metrics import SidecarMetrics
+from tests import tiers
 from tests.conftest import free_port
 from tests.ragflow_support import (
     StandinProcess,
@@ -44,6 +45,7 @@ GROUP = "rag_flow_svr_task_broker"
 
 
 @pytest.fixture
+@tiers.starts_servers
 def servers(tmp_path: Path) -> Iterator[Callable[..., LocalValkey]]:
     """Starts Valkey servers of the test's own (``aof`` on or off); stops them by pid after."""
     started: list[LocalValkey] = []

@@ -38,6 +38,9 @@ from tests.helm_support import (
     SECRET_VALUES,
 )
 
+# Every test renders or lints the chart with Helm (tests/tiers.py).
+pytestmark = pytest.mark.servers
+
 
 @pytest.fixture(scope="module")
 def rendered() -> dict[str, list[dict[str, Any]]]:

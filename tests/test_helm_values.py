@@ -55,6 +55,7 @@ REFUSED = [
 ]  # fmt: skip
 
 
+@pytest.mark.servers
 @pytest.mark.parametrize(("sets", "words"), REFUSED, ids=[" ".join(s) for s, _ in REFUSED])
 def test_bad_values_are_refused_naming_the_value(sets: tuple[str, ...], words: str) -> None:
     result = chart.template(CI_VALUES["minimal"], sets=sets)
@@ -83,6 +84,7 @@ def _ragflow_variables() -> set[str]:
     return set(override["x-ragflow-mq"]["environment"]) - {"PYTHONPATH"}
 
 
+@pytest.mark.servers
 def test_notes_print_ragflows_env_quoted_and_accepted_by_ragflow_mq() -> None:
     block = _ragflow_block(
         "stateStore.enabled=true",
@@ -115,11 +117,13 @@ def test_notes_print_ragflows_env_quoted_and_accepted_by_ragflow_mq() -> None:
     assert settings.mirror.traffic_percent == 50
 
 
+@pytest.mark.servers
 def test_ragflow_values_file_is_what_notes_print_for_its_release() -> None:
     committed = yaml.safe_load(RAGFLOW_VALUES.read_text(encoding="utf-8"))
     assert committed == _ragflow_block("stateStore.enabled=true", "kafka.bootstrapServers=kafka:9092")  # fmt: skip
 
 
+@pytest.mark.servers
 def test_the_post_renderer_is_a_helm_plugin_patching_ragflows_deployment() -> None:
     plugin = yaml.safe_load((POST_RENDERER / "plugin.yaml").read_text(encoding="utf-8"))
     assert plugin["type"] == "postrenderer/v1" and plugin["runtime"] == "subprocess"

@@ -29,6 +29,7 @@ def test_up_is_idempotent_and_exports_the_settings(stack: LocalStack) -> None:
     assert stack.kafka.running_version() == kafka_version()
 
 
+@pytest.mark.servers
 def test_valkey_with_aof_keeps_data_across_kill_9(tmp_path: Path) -> None:
     server = LocalValkey(tmp_path, free_port(), aof=True)
     server.start()

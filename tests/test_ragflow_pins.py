@@ -32,6 +32,7 @@ import sidecar.transport.valkey_client
 from ragflow_mq.runtime import PATCHED, Runtime
 from sidecar.config import Settings
 from sidecar.dev.local_stack import LocalStack
+from tests import tiers
 from tests.test_compose import _declared_closure, _normalise
 from tools.check_imports import build_graph
 from tools.ragflow_constraints import (
@@ -346,6 +347,7 @@ async def test_ragflow_mqs_valkey_clients_give_up_on_a_silent_server(
 
 
 @pytest.fixture(scope="module")
+@tiers.starts_servers
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel compose/ragflow-mq.Dockerfile installs (its wheel stage: pip wheel --no-deps)."""
     out = tmp_path_factory.mktemp("wheel")

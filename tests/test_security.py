@@ -32,6 +32,7 @@ from sidecar.transport.lag import stream_lag
 from sidecar.transport.message import encode_task
 from sidecar.transport.topics import init_topics
 from sidecar.verdicts.join import Arrival, EntryRef
+from tests import tiers
 from tests.conftest import free_port, kafka_version
 from tests.mirror_support import RAGFLOW_GROUP, ragflow_tasks, ragflow_worker, read_mirrored
 from tests.otlp_support import Collector
@@ -42,6 +43,7 @@ COMMAND_TIMEOUT_S = 90
 
 
 @pytest.fixture(scope="module")
+@tiers.starts_servers
 def secured_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
     """A broker with a SASL_SSL listener; the session's broker is not restarted for it."""
     root = tmp_path_factory.mktemp("secured-kafka")

@@ -18,6 +18,7 @@ import valkey.asyncio as avalkey
 
 from sidecar.dev.local_stack import LocalStack, LocalValkey
 from sidecar.wire.contract import Keys
+from tests import tiers
 from tests.conftest import own_valkey
 from tests.ragflow_support import assert_exactly_once, read_produced, wait_until
 from tests.serve_support import ServeWorld, by_path, make_world
@@ -172,6 +173,7 @@ async def test_an_executor_frozen_past_the_lease_has_its_tasks_taken_over_and_ru
 
 
 @pytest.fixture
+@tiers.starts_servers
 def state_store(tmp_path: Path) -> Iterator[LocalValkey]:
     """A state store of the test's own, without persistence (RAGFlow's compose runs so)."""
     with own_valkey(tmp_path / "state") as server:

@@ -20,6 +20,7 @@ from sidecar.dev.local_stack.broker_faults import BrokerFaults
 from sidecar.dev.local_stack.cluster import CLUSTER_SIZE, LocalCluster
 from sidecar.errors import LocalStackError
 from sidecar.transport.topics import TOPIC_PLAN, init_topics
+from tests import tiers
 from tests.conftest import free_port
 from tests.faults.support import FaultRow, Share, valkey_url
 
@@ -40,6 +41,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="package")
+@tiers.starts_servers
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """Three combined broker+controller nodes on free ports, for this package's tests."""
     root = tmp_path_factory.mktemp("cluster")

@@ -119,6 +119,7 @@ def _free(port: int) -> bool:
     return True
 
 
+@pytest.mark.servers
 def test_local_stack_up_brokers_3_and_down(tmp_path: Path) -> None:
     root = tmp_path / "stack"
     kafka, controller = _free_base(), _free_base()
@@ -145,6 +146,9 @@ def test_local_stack_up_brokers_3_and_down(tmp_path: Path) -> None:
     assert not LocalStack.from_state(root).cluster.running()  # type: ignore[union-attr]
 
 
+# Refused before anything starts, but `local-stack up` is a server's command to the guard
+# (tests/tiers.py), which cannot tell a refusal in advance.
+@pytest.mark.servers
 def test_the_cluster_refuses_what_it_cannot_be(tmp_path: Path) -> None:
     secured = run_cli("local-stack", "up", "--brokers", "3", "--secured", "--dir", str(tmp_path))
     assert secured.returncode == 2

@@ -19,6 +19,7 @@ import valkey.asyncio as avalkey
 
 from sidecar.dev.local_stack import LocalStack, LocalValkey
 from sidecar.wire.contract import Keys
+from tests import tiers
 from tests.conftest import own_valkey
 from tests.ragflow_support import assert_exactly_once, pending_count, read_produced, wait_until
 from tests.serve_support import by_path, make_world
@@ -31,6 +32,7 @@ RAGFLOW_GROUP = "rag_flow_svr_task_broker"
 
 
 @pytest.fixture
+@tiers.starts_servers
 def state_store(tmp_path: Path) -> Iterator[LocalValkey]:
     """The state store, persisting to an append-only file: stopped and started again, it keeps
     its claims and done markers (a store that forgets them is another test's)."""

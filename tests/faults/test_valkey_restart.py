@@ -13,6 +13,7 @@ import valkey.asyncio as avalkey
 
 from sidecar.config import Settings
 from sidecar.dev.local_stack import LocalValkey
+from tests import tiers
 from tests.conftest import free_port, own_valkey
 from tests.faults.support import (
     FaultRow,
@@ -31,6 +32,7 @@ pytestmark = [pytest.mark.faults, pytest.mark.timeout(420)]
 
 
 @pytest.fixture
+@tiers.starts_servers
 def aof_valkey(tmp_path: Path) -> Iterator[LocalValkey]:
     """A Valkey of this test's own, persisting to an append-only file."""
     with own_valkey(tmp_path / "valkey-aof", aof=True) as server:
