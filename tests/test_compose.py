@@ -796,10 +796,10 @@ def test_the_image_installs_every_package_the_code_imports() -> None:
     development-only package would fail in the image at start."""
     owners: dict[Path, str] = {}
     for distribution in importlib.metadata.distributions():
+        # Read once per distribution: .metadata parses the METADATA file on every access.
+        name = _normalise(distribution.metadata["Name"])
         for file in distribution.files or []:
-            owners[Path(str(distribution.locate_file(file))).resolve()] = _normalise(
-                distribution.metadata["Name"]
-            )
+            owners[Path(str(distribution.locate_file(file))).resolve()] = name
     closure = _declared_closure()
     undeclared = set()
     for path, module in _imported_modules():
