@@ -61,33 +61,77 @@ class OrderingComparator:
 
 
 class OrderTracker:
-    """Streaming order check: the highest entry id seen per key, in a bounded LRU map.
+    """Streaming order check: the highest entry id seen per key, in a bounded LRU map, and
+    the entries seen below it, in a bounded FIFO.
 
-    A key evicted after ``max_keys`` newer keys is forgotten, so an inversion spanning
-    that many other keys goes unseen; that bound keeps memory flat on an endless stream.
+    A record written twice (the mirror re-sends what Kafka did not confirm, a consumer reads
+    again from its last commit) comes after later entries of its key by nature: a copy of an
+    entry seen before is given its first copy's verdict, so it is never a new inversion, as
+    :class:`OrderingComparator` ignores repeats. An entry below the latest that was never
+    seen is a real inversion.
+
+    A key evicted after ``max_keys`` newer keys is forgotten, so an inversion spanning that
+    many other keys goes unseen. The entries of every key remembered below its latest are at
+    most ``max_ids``; past them, an entry at or below the highest forgotten one of its key
+    gets no verdict (a copy and a late entry cannot be told apart there, and a false
+    ``order`` is worse than a missed one). Both bounds keep memory flat on an endless stream;
+    a key with one entry (most parse tasks) costs nothing in the FIFO.
     """
 
-    def __init__(self, max_keys: int = 100_000) -> None:
+    def __init__(self, max_keys: int = 100_000, max_ids: int = 100_000) -> None:
         if max_keys < 1:
             raise ValueError(f"max_keys must be >= 1, got {max_keys}")
+        if max_ids < 1:
+            raise ValueError(f"max_ids must be >= 1, got {max_ids}")
         self.max_keys = max_keys
-        self._latest: OrderedDict[str, tuple[tuple[int, int], str]] = OrderedDict()
+        self.max_ids = max_ids
+        # key -> (latest number, latest id, highest number forgotten from _earlier or None)
+        self._latest: OrderedDict[str, tuple[tuple[int, int], str, tuple[int, int] | None]] = (
+            OrderedDict()
+        )
+        # (key, entry id) seen below its key's latest -> (number, the later id it came after,
+        # or None where it came in order)
+        self._earlier: OrderedDict[tuple[str, str], tuple[tuple[int, int], str | None]] = (
+            OrderedDict()
+        )
 
     def __len__(self) -> int:
         return len(self._latest)
 
     def observe(self, key: str, entry_id: str) -> Difference | None:
-        """A ``order`` Difference if ``entry_id`` comes after a later entry of ``key``; a
-        repeat of the latest id (a redelivery) is not an inversion."""
+        """A ``order`` Difference if ``entry_id`` comes after a later entry of ``key``; a copy
+        of an entry seen before (a redelivery, a re-send) has its first copy's verdict."""
         number = parse_entry_id(entry_id)
-        previous = self._latest.get(key)
-        if previous is None:
-            self._latest[key] = (number, entry_id)
+        state = self._latest.get(key)
+        if state is None:
+            self._latest[key] = (number, entry_id, None)
             if len(self._latest) > self.max_keys:
                 self._latest.popitem(last=False)
             return None
         self._latest.move_to_end(key)
-        if number < previous[0]:
-            return Difference(key, "order", entry_id, previous[1])
-        self._latest[key] = (number, entry_id)
-        return None
+        latest, latest_id, floor = state
+        if number > latest:
+            self._latest[key] = (number, entry_id, floor)
+            self._remember(key, latest_id, latest, None)
+            return None
+        if number == latest:
+            return None
+        known = self._earlier.get((key, entry_id))
+        if known is not None:
+            after = known[1]
+            return None if after is None else Difference(key, "order", entry_id, after)
+        if floor is not None and number <= floor:
+            return None
+        self._remember(key, entry_id, number, latest_id)
+        return Difference(key, "order", entry_id, latest_id)
+
+    def _remember(
+        self, key: str, entry_id: str, number: tuple[int, int], after: str | None
+    ) -> None:
+        self._earlier[key, entry_id] = (number, after)
+        while len(self._earlier) > self.max_ids:
+            (old_key, _), (old_number, _) = self._earlier.popitem(last=False)
+            state = self._latest.get(old_key)
+            if state is not None and (state[2] is None or state[2] < old_number):
+                # Assigning an existing key keeps its place in the LRU order.
+                self._latest[old_key] = (state[0], state[1], old_number)

@@ -126,6 +126,9 @@ def patch(module: ModuleType, settings: Settings) -> Runtime:
         setattr(conn, name, method)
     setattr(conn, _RUNTIME_ATTR, runtime)
     atexit.register(runtime.close)
+    if settings.serve.percent > 0:
+        # Kafka's producer starts now, in the background, not on the first task's clock.
+        runtime.loop.spawn(runtime.producer.warm, "ragflow-mq-warm")
     logger.info(
         "ragflow_mq installed: MQ_BACKEND=%s, serving %g %% from Kafka",
         settings.mq_backend,

@@ -16,6 +16,7 @@ executors take a document's entries on Redis.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -82,6 +83,7 @@ class ServeProducer:
         self._retiring: set[asyncio.Task[None]] = set()  # replaced producers, stopping
         self.breaker = Breaker(settings.serve.breaker_open_s)
         self._timeout_s = settings.serve.enqueue_timeout_ms / 1000
+        self.warmed = threading.Event()  # set once warm() has tried, whatever it found
 
     def route(self, queue: str, message: Mapping[str, Any]) -> Route | None:
         """The Kafka route of a served task, or ``None`` for one that goes to Redis (outside
@@ -150,7 +152,27 @@ class ServeProducer:
             logger.error("ragflow_mq: task %s cannot be diverted to Redis: %s", task_id, exc)
             return None
 
-    async def _send(self, outgoing: OutgoingMessage, document: str) -> None:
+    async def warm(self) -> None:
+        """Start the producer and read the executors' assignment and the topics' partitions
+        ahead of the first served task. Cold, the first task paid Kafka's bootstrap, metadata,
+        producer id and group lookup (several round trips) inside SERVE_ENQUEUE_TIMEOUT_MS, and
+        on a busy machine was diverted to Redis for the cold start alone. A failure here is
+        not the breaker's business: the first task still tries Kafka within its bound."""
+        producer = self._current()
+        try:
+            await producer.start()
+            await self._spread.first_read()
+            for topic in sorted(self._routes.topics):
+                # A route's topic it cannot describe says nothing of the producer: kept.
+                with contextlib.suppress(SidecarError):
+                    await producer.partitions(topic)
+        except SidecarError as exc:
+            self._drop(producer)
+            logger.info("ragflow_mq: Kafka's producer not ready ahead of the first task: %s", exc)
+        finally:
+            self.warmed.set()
+
+    def _current(self) -> KafkaProducer:
         producer = self._producer
         if producer is None:
             producer = self._producer = KafkaProducer(
@@ -163,6 +185,20 @@ class ServeProducer:
                 request_timeout_ms=self._settings.serve.produce_timeout_ms,
                 client_id=f"{self._settings.kafka.client_id}-ragflow-mq",
             )
+        return producer
+
+    def _drop(self, producer: KafkaProducer) -> None:
+        """Replaced, never reused: after a broker restart an idempotent producer may retry an
+        old batch for as long as it likes, and each record queued behind it (every probe of
+        the breaker) would overrun the bound too."""
+        if self._producer is producer:
+            self._producer = None
+            task = asyncio.create_task(self._retire(producer))
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+
+    async def _send(self, outgoing: OutgoingMessage, document: str) -> None:
+        producer = self._current()
         try:
             await producer.start()
             await self._spread.first_read()
@@ -172,14 +208,7 @@ class ServeProducer:
             if isinstance(outcome, SidecarError):
                 raise outcome
         except BaseException:  # a failure, or cancelled at the bound
-            # Replaced, never reused: after a broker restart an idempotent producer may retry
-            # an old batch for as long as it likes, and each record queued behind it (every
-            # probe of the breaker) would overrun the bound too.
-            if self._producer is producer:
-                self._producer = None
-                task = asyncio.create_task(self._retire(producer))
-                self._retiring.add(task)
-                task.add_done_callback(self._retiring.discard)
+            self._drop(producer)
             raise
 
     async def _retire(self, producer: KafkaProducer) -> None:

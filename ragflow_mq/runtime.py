@@ -74,6 +74,8 @@ class Runtime:
         self._redis_busy: dict[str, bool] = {}
         self._redis_turn: dict[str, bool] = {}
         self._closed = False
+        self._chores_stop = threading.Event()
+        self._chores: list[threading.Thread] = []
         os.register_at_fork(after_in_child=self._after_fork)
 
     def _after_fork(self) -> None:
@@ -94,6 +96,8 @@ class Runtime:
         self._held.clear()
         self._held_on_redis = 0
         self.callers = Callers(self._gave_up)
+        self._chores_stop = threading.Event()
+        self._chores = []
 
     def _new_producer(self) -> ServeProducer:
         return ServeProducer(
@@ -147,24 +151,21 @@ class Runtime:
         with self._lock:
             if self._background:
                 return
-            self.loop.spawn(self._refresh_share, "ragflow-mq-share")
+            # The share and the evidence are read and written with the synchronous client, on
+            # threads of their own: not the loop's default executor, which the interpreter
+            # shuts at exit before atexit runs close(), so that the last periodic flush raised
+            # "cannot schedule new futures after shutdown" while the executor stopped.
+            serve = self.settings.serve
+            self._chores = [
+                _every(self.read_share, serve.share_refresh_s, self._chores_stop, "share", True),
+                _every(self.flush_evidence, serve.evidence_flush_s, self._chores_stop, "evidence"),
+            ]
             if self.settings.serve.percent > 0:
                 self.loop.spawn(self.spread.keep_refreshing, "ragflow-mq-spread")
-            self.loop.spawn(self._flush_evidence, "ragflow-mq-evidence")
             self._background = True
             # The first decision waits for the first read (0 is served until it answers), but
             # not past _FIRST_SHARE_READ_S: a store that hangs must not hold RAGFlow's call.
             self.share.tried.wait(_FIRST_SHARE_READ_S)
-
-    async def _refresh_share(self) -> None:
-        while True:
-            await asyncio.to_thread(self.read_share)
-            await asyncio.sleep(self.settings.serve.share_refresh_s)
-
-    async def _flush_evidence(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.serve.evidence_flush_s)
-            await asyncio.to_thread(self.flush_evidence)
 
     def flush_evidence(self) -> None:
         pending = self.recorder.drain()
@@ -360,7 +361,33 @@ class Runtime:
                 await self._store.aclose()
 
         self.loop.close([stop_consumer, self.producer.close, close_store], _CLOSE_TIMEOUT_S)
-        # From the calling thread: at interpreter exit the loop's thread pool is already shut.
+        # The periodic flush ends (one under way finishes: its writes are not cut short) before
+        # the last one, from the calling thread, writes everything recorded until now.
+        self._chores_stop.set()
+        for chore in self._chores:
+            chore.join(_CLOSE_TIMEOUT_S)
         self.flush_evidence()
         if self._state_sync is not None:
             self._state_sync.close()  # type: ignore[no-untyped-call]
+
+
+def _every(
+    work: Callable[[], None], every_s: float, stop: threading.Event, name: str, now: bool = False
+) -> threading.Thread:
+    """A daemon thread that runs ``work`` every ``every_s`` (first at once if ``now``) until
+    ``stop`` is set; ``work`` handles its own failures (one warning per outage)."""
+
+    def run() -> None:
+        due = now
+        while due or not stop.wait(every_s):
+            due = False
+            try:
+                work()
+            except Exception:
+                # Kept going: a chore that died would leave the share or the evidence stale
+                # for the rest of the process's life.
+                logger.exception("ragflow_mq %s failed", name)
+
+    thread = threading.Thread(target=run, name=f"ragflow-mq-{name}", daemon=True)
+    thread.start()
+    return thread

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import itertools
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 
 def ragflow_tasks(n: int) -> list[dict[str, Any]]:
     """``n`` tasks cycling through the five shapes: parse, dataset-wide raptor, per-document
     raptor, dataflow and memory (whose ``message_dict`` holds user text)."""
-    tasks: list[dict[str, Any]] = []
-    for i in range(n):
+    return list(itertools.islice(ragflow_task_stream(), n))
+
+
+def ragflow_task_stream() -> Iterator[dict[str, Any]]:
+    """As :func:`ragflow_tasks`, one at a time and without end: a load that runs until told
+    to stop takes what it uses (a million made up front took minutes of a busy CPU)."""
+    for i in itertools.count():
         tid, doc = uuid.uuid1().hex, uuid.uuid1().hex
         common = {
             "begin_at": "2026-08-22 10:15:03",
@@ -80,5 +87,4 @@ def ragflow_tasks(n: int) -> list[dict[str, Any]]:
                     "agent_response": "ok",
                 },
             }
-        tasks.append(task)
-    return tasks
+        yield task

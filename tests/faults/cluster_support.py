@@ -17,7 +17,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from sidecar.config import Settings
 from sidecar.dev.local_stack.broker_faults import BrokerFaults
-from sidecar.dev.samples import ragflow_tasks
+from sidecar.dev.samples import ragflow_task_stream
 from sidecar.transport.topics import TASK_TOPICS
 from tests.faults.support import (
     FaultRow,
@@ -57,7 +57,9 @@ class Load:
         return len(self.ids) / self.produced_s if self.produced_s else 0.0
 
     async def produce(self) -> None:
-        tasks = iter(ragflow_tasks(10**6))
+        # Made as sent: a list made up front blocked this loop (the watch, the worker and the
+        # waits' clocks with it) for minutes on a busy machine, and the mirror saw nothing.
+        tasks = ragflow_task_stream()
         chunk = max(1, self.rate // 10)
         began = time.monotonic()
         tick = began
