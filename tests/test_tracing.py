@@ -131,11 +131,13 @@ async def test_span_graph_from_the_redis_read_to_the_verdict(
     # The entry that came with a trace context: its batch span links to it.
     assert any(_context(UPSTREAM) in r.links for r in receives)
 
-    def one(kind: int, entry_id: str) -> SpanView:
+    def one(kind: int, entry_id: str, name: str = "compare") -> SpanView:
         found = [
             s
             for s in spans
-            if s.kind == kind and s.attributes.get("messaging.message.id") == entry_id
+            if s.kind == kind
+            and s.attributes.get("messaging.message.id") == entry_id
+            and (kind != ProtoSpan.SPAN_KIND_INTERNAL or s.name == name)
         ]
         assert len(found) == 1, (kind, entry_id, found)
         return found[0]
@@ -168,6 +170,15 @@ async def test_span_graph_from_the_redis_read_to_the_verdict(
         assert compare.attributes["task.type"] == verdicts[entry_id]["task_type"]
         assert compare.attributes["task.id"] == tasks[ids.index(entry_id)]["id"]
         assert set(compare.links) == {_context(header), process.context}
+        # The redis run: a child of the record's producer context (the send, or upstream's).
+        run = one(ProtoSpan.SPAN_KIND_INTERNAL, entry_id, "run redis")
+        assert (run.trace_id, run.parent) == _context(header)
+        assert run.attributes["task.path"] == "redis" and process.attributes["task.path"] == "kafka"
+        assert run.attributes["task.id"] == compare.attributes["task.id"]
+        assert (
+            compare.attributes["verdict"] != "mismatch"
+            or compare.attributes["verdict.difference_kinds"]
+        )
         if compare.attributes["verdict"] == "match":
             assert compare.events == []
 

@@ -1,0 +1,184 @@
+"""The sidecar's traces in a real Jaeger: ``ragflow-sidecar run`` over RAGFlow-shaped traffic,
+some tasks made to mismatch, and each task's story read back through Jaeger's query API.
+
+Per task, one trace holds the mirror's Redis read (``receive``), its produce (``send``) and the
+redis run (``run redis``, a child of the send); the kafka run (``process``) and the verdict
+(``compare``) are spans of their own traces, linked to that send (FOLLOWS_FROM in Jaeger), and
+the verdict names the compare span's trace (``trace_id``), which ``diffs`` prints.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import valkey.asyncio as avalkey
+
+from sidecar.config import Settings
+from sidecar.dev.local_stack.jaeger import LocalJaeger
+from sidecar.dev.samples import ragflow_tasks
+from tests.conftest import free_port
+from tests.faults.support import (
+    SidecarProcess,
+    judged,
+    ragflow_worker,
+    ready,
+    sidecar_env,
+    valkey_url,
+    wait_until,
+)
+from tests.jaeger_support import SERVICE, JaegerSpan, fetch, search
+from tests.mirror_support import prepare_stream
+from tests.shadow_handlers import MISMATCH_MARKER
+
+TIMEOUT_S = 180
+
+
+@contextmanager
+def sidecar_run(
+    settings: Settings, stream: str, unique: str, jaeger: LocalJaeger, log: Path, **extra: str
+) -> Iterator[tuple[SidecarProcess, int]]:
+    """``ragflow-sidecar run`` on ``stream``, tracing to ``jaeger``; its metrics port."""
+    port = free_port()
+    env = sidecar_env(
+        valkey_url(settings),
+        ",".join(settings.kafka.bootstrap_servers),
+        stream,
+        unique,
+        SIDECAR_METRICS_PORT=str(port),
+        SHADOW_HANDLER="tests.shadow_handlers:kafka_differs_on_marker",
+        # Only the traces: Jaeger takes no OTLP metrics.
+        OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=jaeger.otlp_grpc_endpoint,
+        **extra,
+    )
+    with SidecarProcess(["run"], env, log) as sidecar:
+        yield sidecar, port
+
+
+async def _traffic(
+    settings: Settings,
+    client: avalkey.Valkey,
+    stream: str,
+    tasks: list[dict[str, Any]],
+    sidecar: SidecarProcess,
+    port: int,
+) -> dict[str, dict[str, Any]]:
+    """XADD ``tasks`` once the sidecar is ready, consume them as RAGFlow does, and return the
+    final verdicts by task id once every task has one; the sidecar is then stopped (which
+    exports its last spans)."""
+    await wait_until(lambda: ready(port), "the sidecar to be ready", timeout_s=TIMEOUT_S)
+    for task in tasks:
+        await client.xadd(stream, {"message": json.dumps(task)})
+    handled = await ragflow_worker(client, stream, len(tasks))
+    assert len(handled) == len(tasks)
+    verdicts = await judged(settings, stream, len(tasks), TIMEOUT_S)
+    assert sidecar.stop() == 0
+    return {v["task_id"]: v for v in verdicts if v["verdict"] != "duplicate"}
+
+
+def _marked(total: int, every: int) -> list[dict[str, Any]]:
+    """RAGFlow-shaped tasks; every ``every``-th parse task's kafka run will differ."""
+    tasks = ragflow_tasks(total)
+    parse = [task for task in tasks if "to_page" in task and "task_type" not in task]
+    for task in parse[::every]:
+        task["digest"] = MISMATCH_MARKER
+    return tasks
+
+
+def _one(spans: list[JaegerSpan], name: str, task_id: str) -> JaegerSpan:
+    found = {
+        s.span_id: s
+        for s in spans
+        if (s.name == name or s.name.startswith(name + " ")) and s.tags.get("task.id") == task_id
+    }
+    assert len(found) == 1, (name, task_id, [s.name for s in spans])
+    return next(iter(found.values()))
+
+
+def _strings(value: Any) -> list[str]:
+    """A string-array attribute as Jaeger shows it (a JSON array in a string tag)."""
+    parsed = json.loads(value) if isinstance(value, str) else value
+    assert isinstance(parsed, list), value
+    return [str(item) for item in parsed]
+
+
+async def test_each_tasks_trace_from_the_redis_read_to_the_verdict_in_jaeger(
+    settings: Settings,
+    valkey_client: avalkey.Valkey,
+    unique: str,
+    jaeger: LocalJaeger,
+    tmp_path: Path,
+) -> None:
+    stream = f"{unique}.0"
+    await prepare_stream(settings, valkey_client, stream)
+    tasks = _marked(10, every=2)
+    marked = {task["id"] for task in tasks if task.get("digest") == MISMATCH_MARKER}
+    assert len(marked) >= 2
+    with sidecar_run(
+        settings,
+        stream,
+        unique,
+        jaeger,
+        tmp_path / "sidecar.log",
+        OTEL_TRACES_SAMPLER="parentbased_always_on",
+    ) as (sidecar, port):
+        verdicts = await _traffic(settings, valkey_client, stream, tasks, sidecar, port)
+    assert {t for t, v in verdicts.items() if v["verdict"] == "mismatch"} == marked
+    assert {v["verdict"] for t, v in verdicts.items() if t not in marked} == {"match"}
+
+    stories: dict[str, list[JaegerSpan]] = {}
+
+    async def every_story_told() -> bool:
+        for task in tasks:
+            spans = await search(jaeger, **{"task.id": task["id"]})
+            names = {s.name.split(" ")[0] for s in spans if s.tags.get("task.id") == task["id"]}
+            if not {"send", "run", "process", "compare"} <= names:
+                return False
+            stories[task["id"]] = spans
+        return True
+
+    await wait_until(every_story_told, "every task's spans in Jaeger", TIMEOUT_S, 0.5)
+
+    for task in tasks:
+        task_id, spans = task["id"], stories[task["id"]]
+        verdict = verdicts[task_id]
+        send = _one(spans, "send", task_id)
+        run = _one(spans, "run redis", task_id)
+        process = _one(spans, "process", task_id)
+        compare = _one(spans, "compare", task_id)
+        for span in (send, run, process, compare):
+            assert span.service == SERVICE
+            assert span.resource["service.instance.id"] == f"sidecar-{unique}"
+            assert span.tags["task.id"] == task_id
+            assert span.tags.get("task.type", "") == verdict["task_type"]
+            assert span.tags["messaging.message.id"] == verdict["entry_id"]
+        # One trace: the Redis read, the produce and the redis run.
+        receive = {s.span_id: s for s in spans}[send.parent[1]] if send.parent else None
+        assert receive is not None and receive.name == f"receive {stream}"
+        assert receive.tags["messaging.system"] == "redis" and receive.parent is None
+        assert run.parent == send.context and run.tags["task.path"] == "redis"
+        assert send.tags["messaging.system"] == "kafka"
+        assert send.tags["messaging.kafka.offset"] == verdict["offset"]
+        # The kafka run and the verdict: their own traces, linked to the produce.
+        assert process.tags["task.path"] == "kafka" and process.links == [send.context]
+        assert process.trace_id != send.trace_id
+        assert {send.context, process.context} <= set(compare.links)
+        assert compare.tags["verdict"] == verdict["verdict"]
+        # The verdict names the compare span's trace, and Jaeger answers for it by that id.
+        assert verdict["trace_id"] == compare.trace_id
+        by_id = await fetch(jaeger, verdict["trace_id"])
+        assert [s.span_id for s in by_id if s.name == "compare"] == [compare.span_id]
+        if task_id in marked:
+            assert _strings(compare.tags["verdict.difference_kinds"]) == ["value_changed"]
+            found = sorted(name for name, n in verdict["comparators"].items() if n)
+            assert found and _strings(compare.tags["verdict.comparators"]) == found
+            [diff] = [e for e in compare.events if e.get("event") == "diff"]
+            differences = json.loads(diff["differences"])
+            assert {(d["path"], d["kind"]) for d in differences} == {("to_page", "value_changed")}
+            assert verdict["differences"][0]["path"] == "to_page"
+        else:
+            assert "verdict.difference_kinds" not in compare.tags
+            assert not [e for e in compare.events if e.get("event") == "diff"]
