@@ -11,6 +11,7 @@ from dashboards.panels import (
     INFO_STEPS,
     MATCH_STEPS,
     Graph,
+    JaegerTraces,
     Row,
     Stat,
     Table,
@@ -23,9 +24,12 @@ from dashboards.panels import (
 )
 from dashboards.queries import (
     DRILL_DOWN_UID,
+    JAEGER_VARIABLE,
+    MISMATCH_TAGS,
     MISMATCH_TRACES,
     OVERVIEW_UID,
     PROMETHEUS,
+    SIDECAR_SERVICE,
     TEMPO,
     Query,
     explore_url,
@@ -149,7 +153,33 @@ TO_THE_TRACE = Row(
     ],
 )
 
-ROWS = (OVER_THE_RANGE, OVER_TIME, TO_THE_TRACE)
+IN_JAEGER = Row(
+    "From a mismatch to its trace, in Jaeger",
+    [
+        JaegerTraces(
+            "Mismatch traces in Jaeger",
+            f"Jaeger (the data source the `{JAEGER_VARIABLE}` variable names), search: service "
+            f"`{SIDECAR_SERVICE}`, tags `{MISMATCH_TAGS}`. Click a trace id to open the trace.",
+            SIDECAR_SERVICE,
+            MISMATCH_TAGS,
+            link_title="Open this trace from Jaeger",
+            width=16,
+        ),
+        Text(
+            "A mismatch's trace id",
+            "Each verdict records the trace of its `compare` span (`trace_id`; a mismatch's "
+            "is always sampled), and `diffs` prints it:\n\n"
+            "```\nragflow-sidecar diffs --since 1h --verdict mismatch\n```\n\n"
+            "Paste it into Jaeger (or `GET /api/traces/<id>` on its query port); the span's "
+            "links lead to the task's `send` (with its `run redis` child) and `process` spans. "
+            "The `compare` span carries `verdict.comparators` and `verdict.difference_kinds`.",
+            width=8,
+            height=12,
+        ),
+    ],
+)
+
+ROWS = (OVER_THE_RANGE, OVER_TIME, TO_THE_TRACE, IN_JAEGER)
 
 
 def drill_down() -> builders.Dashboard:
@@ -175,6 +205,12 @@ def drill_down() -> builders.Dashboard:
             .include_all(True)
             .all_value(".*")
             .current(model.VariableOption(selected=True, text="All", value="$__all"))
+        )
+        .with_variable(
+            builders.DatasourceVariable(JAEGER_VARIABLE)
+            .label("Jaeger")
+            .description("The Jaeger data source the sidecar's traces are in.")
+            .type("jaeger")
         )
         .link(link("Shadow migration overview", f"/d/{OVERVIEW_UID}"))
         .link(
