@@ -114,7 +114,7 @@ async def test_each_tasks_trace_from_the_redis_read_to_the_verdict_in_jaeger(
 ) -> None:
     stream = f"{unique}.0"
     await prepare_stream(settings, valkey_client, stream)
-    tasks = _marked(10, every=2)
+    tasks = _marked(12, every=1)
     marked = {task["id"] for task in tasks if task.get("digest") == MISMATCH_MARKER}
     assert len(marked) >= 2
     with sidecar_run(
