@@ -182,3 +182,73 @@ async def test_each_tasks_trace_from_the_redis_read_to_the_verdict_in_jaeger(
         else:
             assert "verdict.difference_kinds" not in compare.tags
             assert not [e for e in compare.events if e.get("event") == "diff"]
+
+
+async def test_at_ten_percent_sampling_every_mismatch_keeps_its_trace(
+    settings: Settings,
+    valkey_client: avalkey.Valkey,
+    unique: str,
+    jaeger: LocalJaeger,
+    tmp_path: Path,
+) -> None:
+    """Head sampling at 10 %, decided per mirrored batch (one entry each here): a task is
+    traced from the Redis read to its verdict or not at all, except that a mismatch's compare
+    span is always exported. Every mismatch's verdict names a trace Jaeger has, holding that
+    span with its kinds and its link to the task's produce; a match names one only when its
+    task was sampled, and then Jaeger has the whole story."""
+    stream = f"{unique}.0"
+    await prepare_stream(settings, valkey_client, stream)
+    tasks = _marked(30, every=2)
+    marked = {task["id"] for task in tasks if task.get("digest") == MISMATCH_MARKER}
+    with sidecar_run(
+        settings,
+        stream,
+        unique,
+        jaeger,
+        tmp_path / "sidecar.log",
+        OTEL_TRACES_SAMPLER="parentbased_traceidratio",
+        OTEL_TRACES_SAMPLER_ARG="0.1",
+        MIRROR_BATCH="1",
+    ) as (sidecar, port):
+        verdicts = await _traffic(settings, valkey_client, stream, tasks, sidecar, port)
+    assert {t for t, v in verdicts.items() if v["verdict"] == "mismatch"} == marked
+    traced = {t: v["trace_id"] for t, v in verdicts.items() if v["trace_id"]}
+    assert marked <= set(traced)
+    # Sampling is at work: 3 mismatches, 27 matches each sampled at 10 %.
+    assert set(traced) - marked != set(verdicts) - marked
+
+    stories: dict[str, list[JaegerSpan]] = {}
+
+    async def every_named_trace_stored() -> bool:
+        for task_id, trace_id in traced.items():
+            spans = await search(jaeger, **{"task.id": task_id})
+            if not any(s.name == "compare" and s.trace_id == trace_id for s in spans):
+                return False
+            stories[task_id] = spans
+        return True
+
+    await wait_until(every_named_trace_stored, "each named trace in Jaeger", TIMEOUT_S, 0.5)
+
+    for task_id, trace_id in traced.items():
+        spans = stories[task_id]
+        compare = _one(spans, "compare", task_id)
+        assert compare.trace_id == trace_id and [s.trace_id for s in await fetch(jaeger, trace_id)]
+        sends = [s for s in spans if s.name.startswith("send ") and s.tags["task.id"] == task_id]
+        if task_id in marked:
+            assert compare.tags["verdict"] == "mismatch"
+            assert _strings(compare.tags["verdict.difference_kinds"]) == ["value_changed"]
+            # Linked to the record's producer context, sampled or not.
+            assert compare.links and all(len(t) == 32 for t, _ in compare.links)
+        else:
+            assert compare.tags["verdict"] == "match"
+        if sends:  # the task was sampled: its whole story is there
+            [send] = sends
+            assert send.context in compare.links
+            assert _one(spans, "run redis", task_id).parent == send.context
+            assert _one(spans, "process", task_id).links == [send.context]
+        else:  # only a mismatch's compare span outlives an unsampled task
+            assert task_id in marked
+            assert [s.name for s in spans if s.tags.get("task.id") == task_id] == ["compare"]
+    # A match whose task was not sampled has no span in Jaeger at all.
+    for task_id in set(verdicts) - set(traced):
+        assert not [s for s in await search(jaeger, **{"task.id": task_id})]
