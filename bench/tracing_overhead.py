@@ -138,6 +138,10 @@ async def main() -> int:
         jaeger.start()
         endpoint = jaeger.otlp_grpc_endpoint
         print(f"spans to Jaeger at {endpoint} (query API {jaeger.query_url})", flush=True)
+
+    def exported(spans: int) -> str:
+        return "spans to Jaeger" if jaeger else f"{spans:7,} spans exported"
+
     try:
         await init_topics(run_settings(stack, "unused", "off", endpoint, 1).kafka)
         rates: dict[str, list[tuple[float, float]]] = {mode: [] for mode in MODES}
@@ -154,7 +158,7 @@ async def main() -> int:
             print(
                 f"round {round_no + 1} tracing {mode:>4}: {verdict_rate:8,.0f} entries/s "
                 f"to verdicts, mirror {mirrored_rate:8,.0f}/s, "
-                f"{receiver.spans - spans_before:7,} spans exported (load {loadavg()})",
+                f"{exported(receiver.spans - spans_before)} (load {loadavg()})",
                 flush=True,
             )
         alone: dict[str, list[float]] = {mode: [] for mode in MODES}
@@ -168,7 +172,7 @@ async def main() -> int:
             alone[mode].append(rate)
             print(
                 f"round {round_no + 1} mirror alone, tracing {mode:>4}: {rate:8,.0f} entries/s,"
-                f" {receiver.spans - spans_before:7,} spans exported (load {loadavg()})",
+                f" {exported(receiver.spans - spans_before)} (load {loadavg()})",
                 flush=True,
             )
         best = report(
