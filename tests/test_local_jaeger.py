@@ -37,8 +37,11 @@ def test_the_stack_exports_the_traces_endpoint_only_with_jaeger(tmp_path: Path) 
     plain = LocalStack(StackConfig(root=tmp_path))
     assert plain.jaeger is None and "OTEL_" not in plain.exports()
     # Free ports: status() asks each service, and nothing of a developer's must answer.
-    ports = {"valkey_port": free_port(), "kafka_port": free_port()}
-    traced = LocalStack(StackConfig(tmp_path, jaeger=True, jaeger_otlp_port=24999, **ports))
+    traced = LocalStack(
+        StackConfig(
+            tmp_path, free_port(), free_port(), free_port(), jaeger=True, jaeger_otlp_port=24999
+        )
+    )
     assert traced.jaeger is not None
     assert traced.exports().endswith(
         "export OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=http://127.0.0.1:24999\n"
