@@ -140,9 +140,10 @@ TO_THE_TRACE = Row(
             "Reading a mismatch",
             "Each row of **Mismatch traces** is a task whose Kafka outcome differed from the "
             'Redis one (`span.verdict = "mismatch"`); its trace id opens the `compare` span '
-            "with the diff event. A mismatch is exported whatever the sampling, so that span "
-            "is a trace of its own: its links lead to the task's `send` (mirror) and "
-            "`process` (shadow) spans.\n\n"
+            "with the diff event, in the task's trace beside its `send` (mirror), `run redis` "
+            "and `process` (shadow) spans. A mismatch is exported whatever the sampling: when "
+            "its task was not sampled, the span is a trace of its own, linked to the "
+            "task's `send`.\n\n"
             "The diff itself is in the verdict, on `ragflow.shadow.verdicts`:\n\n"
             "```\nragflow-sidecar diffs --since 1h --verdict mismatch\n```\n\n"
             "The **Mismatch traces in Explore** link at the top runs the same TraceQL query in "
@@ -168,11 +169,12 @@ IN_JAEGER = Row(
         Text(
             "A mismatch's trace id",
             "Each verdict records the trace of its `compare` span (`trace_id`; a mismatch's "
-            "is always sampled), and `diffs` prints it:\n\n"
+            "is always exported), and `diffs` prints it:\n\n"
             "```\nragflow-sidecar diffs --since 1h --verdict mismatch\n```\n\n"
-            "Paste it into Jaeger (or `GET /api/traces/<id>` on its query port); the span's "
-            "links lead to the task's `send` (with its `run redis` child) and `process` spans. "
-            "The `compare` span carries `verdict.comparators` and `verdict.difference_kinds`.",
+            "Paste it into Jaeger (or `GET /api/traces/<id>` on its query port): the task's "
+            "trace, the Redis read, `send`, `run redis`, `process` and `compare` (an unsampled "
+            "task's mismatch: `compare` alone, linked to its `send`). The `compare` span carries "
+            "`verdict.comparators` and `verdict.difference_kinds`.",
             width=8,
             height=12,
         ),

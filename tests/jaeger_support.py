@@ -48,6 +48,11 @@ class JaegerSpan:
     def context(self) -> tuple[str, str]:
         return self.trace_id, self.span_id
 
+    @property
+    def references(self) -> set[tuple[str, str]]:
+        """Every span it points at, parent or link."""
+        return {*self.links, *([self.parent] if self.parent else [])}
+
 
 def _tags(pairs: list[dict[str, Any]] | None) -> dict[str, Any]:
     return {pair["key"]: pair["value"] for pair in pairs or []}

@@ -1,10 +1,11 @@
 """The sidecar's traces in a real Jaeger: ``ragflow-sidecar run`` over RAGFlow-shaped traffic,
 some tasks made to mismatch, and each task's story read back through Jaeger's query API.
 
-Per task, one trace holds the mirror's Redis read (``receive``), its produce (``send``) and the
-redis run (``run redis``, a child of the send); the kafka run (``process``) and the verdict
-(``compare``) are spans of their own traces, linked to that send (FOLLOWS_FROM in Jaeger), and
-the verdict names the compare span's trace (``trace_id``), which ``diffs`` prints.
+Per sampled task, one trace holds the mirror's Redis read (``receive``), its produce (``send``),
+and, children of the send, the redis run (``run redis``), the kafka run (``process``) and the
+verdict (``compare``), the last two also linked to it (FOLLOWS_FROM in Jaeger); the verdict
+names that trace (``trace_id``), which ``diffs`` prints. A bad verdict of an unsampled task is
+a trace of its own, linked to the send's context.
 """
 
 from __future__ import annotations
@@ -162,15 +163,17 @@ async def test_each_tasks_trace_from_the_redis_read_to_the_verdict_in_jaeger(
         assert run.parent == send.context and run.tags["task.path"] == "redis"
         assert send.tags["messaging.system"] == "kafka"
         assert send.tags["messaging.kafka.offset"] == verdict["offset"]
-        # The kafka run and the verdict: their own traces, linked to the produce.
-        assert process.tags["task.path"] == "kafka" and process.links == [send.context]
-        assert process.trace_id != send.trace_id
-        assert {send.context, process.context} <= set(compare.links)
+        # The kafka run and the verdict: the same trace, children of the produce and linked to
+        # it (Jaeger keeps one reference per span it points at: a FOLLOWS_FROM for the link).
+        assert process.tags["task.path"] == "kafka"
+        assert process.trace_id == compare.trace_id == send.trace_id
+        assert process.references == {send.context}
+        assert compare.references == {send.context, process.context}
         assert compare.tags["verdict"] == verdict["verdict"]
-        # The verdict names the compare span's trace, and Jaeger answers for it by that id.
-        assert verdict["trace_id"] == compare.trace_id
-        by_id = await fetch(jaeger, verdict["trace_id"])
-        assert [s.span_id for s in by_id if s.name == "compare"] == [compare.span_id]
+        # The verdict names the task's trace, and Jaeger answers with all of it by that id.
+        assert verdict["trace_id"] == compare.trace_id == send.trace_id
+        by_id = {s.span_id for s in await fetch(jaeger, verdict["trace_id"])}
+        assert {s.span_id for s in (receive, send, run, process, compare)} <= by_id
         if task_id in marked:
             assert _strings(compare.tags["verdict.difference_kinds"]) == ["value_changed"]
             found = sorted(name for name, n in verdict["comparators"].items() if n)
@@ -241,13 +244,14 @@ async def test_at_ten_percent_sampling_every_mismatch_keeps_its_trace(
             assert compare.links and all(len(t) == 32 for t, _ in compare.links)
         else:
             assert compare.tags["verdict"] == "match"
-        if sends:  # the task was sampled: its whole story is there
+        if sends:  # the task was sampled: its whole story is there, one trace
             [send] = sends
-            assert send.context in compare.links
+            assert send.context in compare.references and trace_id == send.trace_id
             assert _one(spans, "run redis", task_id).parent == send.context
-            assert _one(spans, "process", task_id).links == [send.context]
-        else:  # only a mismatch's compare span outlives an unsampled task
-            assert task_id in marked
+            assert _one(spans, "process", task_id).references == {send.context}
+        else:  # only a mismatch's compare span outlives an unsampled task: a trace of its own
+            assert task_id in marked and compare.parent is None
+            assert all(trace != trace_id for trace, _ in compare.links)
             assert [s.name for s in spans if s.tags.get("task.id") == task_id] == ["compare"]
     # A match whose task was not sampled has no span in Jaeger at all.
     for task_id in set(verdicts) - set(traced):

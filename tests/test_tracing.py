@@ -159,13 +159,17 @@ async def test_span_graph_from_the_redis_read_to_the_verdict(
             # The record's traceparent is the send span's context, sampled.
             assert _context(header) == send.context and _sampled(header)
         process = one(ProtoSpan.SPAN_KIND_CONSUMER, entry_id)
-        assert process.name == f"process {record.topic}" and process.parent == ""
+        # The kafka run and the verdict continue the record's producer context (sampled): one
+        # trace per task, from the Redis read (or upstream's context) to the verdict.
+        assert process.name == f"process {record.topic}"
+        assert (process.trace_id, process.parent) == _context(header)
         assert process.links == [_context(header)]
         assert process.attributes["messaging.destination.name"] == record.topic
         assert process.attributes["messaging.consumer.group.name"] == f"shadow-{unique}"
         assert process.attributes["messaging.kafka.offset"] == record.offset
         compare = one(ProtoSpan.SPAN_KIND_INTERNAL, entry_id)
-        assert compare.name == "compare" and compare.parent == ""
+        assert compare.name == "compare"
+        assert (compare.trace_id, compare.parent) == _context(header)
         assert compare.attributes["verdict"] == verdicts[entry_id]["verdict"]
         assert compare.attributes["task.type"] == verdicts[entry_id]["task_type"]
         assert compare.attributes["task.id"] == tasks[ids.index(entry_id)]["id"]

@@ -1,9 +1,10 @@
 """The shadow's span, one ``process <topic>`` per record it handles; and the mirror's
 ``run redis`` span, one per redis run.
 
-``process <topic>`` (CONSUMER, ``messaging.system=kafka``) is a root span linked to the producer
-context in the record's ``traceparent`` header; under the ``parentbased_*`` samplers it follows
-that context's sampled flag, and an unsampled one makes no span at all. Its context goes with
+``process <topic>`` (CONSUMER, ``messaging.system=kafka``) is a child of the producer context in
+the record's ``traceparent`` header, and linked to it: one trace per task, from the mirror's
+Redis read to the verdict. Under the ``parentbased_*`` samplers it follows that context's
+sampled flag, and an unsampled one makes no span at all. Its context goes with
 the record's facts to the judge, which links the verdict's ``compare`` span to it. Its
 ``task.path`` is ``kafka``.
 
@@ -19,7 +20,12 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Link, SpanKind
 
-from sidecar.telemetry.propagation import ROOT, TRACEPARENT, format_traceparent, parse_traceparent
+from sidecar.telemetry.propagation import (
+    TRACEPARENT,
+    continuing,
+    format_traceparent,
+    parse_traceparent,
+)
 from sidecar.telemetry.semconv import (
     CONSUMER_GROUP,
     DESTINATION,
@@ -68,7 +74,7 @@ async def traced(
     attributes[TASK_PATH] = "kafka"
     span = tracing.tracer.start_span(
         tracing.span_name("process", message.topic),
-        context=ROOT,
+        context=continuing(producer),
         kind=SpanKind.CONSUMER,
         attributes=attributes,
         links=[Link(producer)] if producer is not None else None,
@@ -89,7 +95,7 @@ def redis_run_span(
         return None
     return tracing.tracer.start_span(
         "run redis",
-        context=trace.set_span_in_context(trace.NonRecordingSpan(producer), ROOT),
+        context=continuing(producer),
         kind=SpanKind.INTERNAL,
         attributes={
             MESSAGE_ID: entry_id,

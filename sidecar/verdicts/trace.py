@@ -1,11 +1,12 @@
 """The judge's span: one ``compare`` per verdict, a mismatch with its (redacted) differences.
 
 ``compare`` (INTERNAL) carries ``verdict``, ``task.type``, ``task.id`` (a mismatch also
-``verdict.comparators`` and ``verdict.difference_kinds``); it is a root span linked
-to the task's producer context and to its ``process`` span. Its trace id, when sampled, is
-recorded with the verdict (``trace_id``), which is how ``diffs`` and the drill-down dashboard
-lead from a mismatch to its trace. A mismatch carries a ``diff``
-event: the differences as JSON, at most :data:`MAX_DIFF_CHARS`, with the left and right of any
+``verdict.comparators`` and ``verdict.difference_kinds``); it is linked to the task's producer
+context and to its ``process`` span, and a child of the producer context when that was sampled
+(the task's one trace); a bad verdict of an unsampled task is a trace of its own. Its trace id,
+when sampled, is recorded with the verdict (``trace_id``), which is how ``diffs`` and the
+drill-down dashboard lead from a mismatch to its trace. A mismatch carries a ``diff`` event: the
+differences as JSON, at most :data:`MAX_DIFF_CHARS`, with the left and right of any
 difference under a ``TRACE_REDACT_FIELDS`` field replaced by :data:`REDACTED`. The span is
 started once the verdict is known, with the comparison's start time, so the sampler sees the
 verdict and keeps every bad one (:mod:`sidecar.telemetry.sampler`).
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from opentelemetry.trace import SpanKind
 
-from sidecar.telemetry.propagation import ROOT, TRACEPARENT, links
+from sidecar.telemetry.propagation import TRACEPARENT, continuing, links, parse_traceparent
 from sidecar.telemetry.sampler import ALWAYS_EXPORTED_VERDICTS
 from sidecar.telemetry.semconv import MESSAGE_ID, TASK_ID, TASK_TYPE, VERDICT
 from sidecar.telemetry.tracing import MAX_ATTRIBUTE_CHARS, Tracing
@@ -76,15 +77,18 @@ def compare_span(
     if record.error:
         attributes[VERDICT_ERROR] = record.error[:MAX_ERROR_CHARS]
     if record.verdict == "mismatch":
-        attributes[VERDICT_COMPARATORS] = sorted(
-            name for name, found in record.comparators.items() if found
-        )
-        attributes[VERDICT_KINDS] = sorted(
-            {str(d["kind"]) for d in record.differences if d.get("kind")}
-        )
+        # Only when there is something to name: a list attribute costs the SDK's validation.
+        found = sorted(name for name, count in record.comparators.items() if count)
+        if found:
+            attributes[VERDICT_COMPARATORS] = found
+        kinds = sorted({str(d["kind"]) for d in record.differences if d.get("kind")})
+        if kinds:
+            attributes[VERDICT_KINDS] = kinds
     span = tracing.tracer.start_span(
         "compare",
-        context=ROOT,
+        # In the task's trace when its producer context was sampled; else (a bad verdict is
+        # exported whatever the sampling) a trace of its own, linked.
+        context=continuing(parse_traceparent(producer)),
         kind=SpanKind.INTERNAL,
         attributes=attributes,
         links=links(producer, process) or None,
