@@ -6,12 +6,12 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as builders
 from grafana_foundation_sdk.models import dashboard as model
 
+from dashboards.jaeger import JaegerTraces
 from dashboards.panels import (
     COUNT_STEPS,
     INFO_STEPS,
     MATCH_STEPS,
     Graph,
-    JaegerTraces,
     Row,
     Stat,
     Table,

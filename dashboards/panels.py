@@ -19,11 +19,9 @@ from grafana_foundation_sdk.models.text import TextMode
 
 from dashboards.queries import (
     DRILL_DOWN_UID,
-    JAEGER,
     MATCH_RATE_TARGET,
     PROMETHEUS,
     TEMPO,
-    JaegerSearch,
     Query,
     explore_url,
     refs,
@@ -349,36 +347,6 @@ class Traces:
                     )
                 ],
             )
-            .span(self.width)
-            .height(self.height)
-        )
-
-
-@dataclass(frozen=True)
-class JaegerTraces:
-    """Jaeger's search (the ``jaeger`` data source variable's) for a service's spans with
-    ``tags``; a trace id opens that trace from Jaeger in Explore (a Jaeger data link)."""
-
-    title: str
-    description: str
-    service: str
-    tags: str
-    link_title: str
-    limit: int = 50
-    width: int = 24
-    height: int = 12
-
-    def build(self, panel_id: int) -> table.Panel:
-        trace_link = explore_url(JAEGER, "${__value.raw}", "${__from}", "${__to}", traceql=False)
-        link = {"title": self.link_title, "url": trace_link, "targetBlank": False}
-        return (
-            table.Panel()
-            .id(panel_id)
-            .title(self.title)
-            .description(self.description)
-            .datasource(JAEGER)
-            .with_target(JaegerSearch(self.service, self.tags, self.limit))
-            .override_by_name("traceID", [model.DynamicConfigValue(id_val="links", value=[link])])
             .span(self.width)
             .height(self.height)
         )

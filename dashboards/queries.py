@@ -116,34 +116,6 @@ def refs(queries: tuple[Query, ...], *, instant: bool = False) -> list[Builder[D
     ]
 
 
-class JaegerQuery(Dataquery):
-    """A query of Grafana's jaeger data source (the SDK has no builder for that plugin): a
-    ``search`` by service and tags, or, with ``query`` alone, one trace by id."""
-
-    def __init__(self, ref_id: str, *, service: str = "", tags: str = "", limit: int = 0) -> None:
-        self.ref_id, self.service, self.tags, self.limit = ref_id, service, tags, limit
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "datasource": {"type": JAEGER.type_val, "uid": JAEGER.uid},
-            "refId": self.ref_id,
-            "queryType": "search",
-            "service": self.service,
-            "tags": self.tags,
-            "limit": self.limit,
-        }
-
-
-class JaegerSearch(Builder[Dataquery]):
-    """Builds a :class:`JaegerQuery` search (``with_target`` takes builders)."""
-
-    def __init__(self, service: str, tags: str, limit: int) -> None:
-        self._query = JaegerQuery("A", service=service, tags=tags, limit=limit)
-
-    def build(self) -> Dataquery:
-        return self._query
-
-
 def explore_url(
     datasource: model.DataSourceRef, trace_query: str, start: str, end: str, *, traceql: bool = True
 ) -> str:
