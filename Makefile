@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test check pytest-check lint typecheck pytest pytest-ragflow-pins test-kafka39 system-deps clean bench helm
+.PHONY: demo test check pytest-check lint typecheck pytest pytest-ragflow-pins test-kafka39 system-deps clean bench helm jaeger
 
 # The Apache Kafka release every broker of the tests runs (tests/conftest.py): empty is the local
 # stack's 4.x; `make test KAFKA_VERSION=3.9.1` runs the whole suite on the seed's Kafka 3.9.
@@ -62,6 +62,25 @@ $(HELM):
 
 helm: $(HELM)
 
+# Jaeger (v2) stores and answers for the sidecar's traces in the end-to-end tracing tests
+# (tests/test_jaeger_e2e.py): built like Helm, from the one approved module version, and found
+# by the tests through JAEGER. The v2 binary is cmd/jaeger; v1.75.0 is its module version.
+JAEGER_VERSION ?= v1.75.0
+JAEGER_DIR     := $(CACHE_ROOT)/jaeger-$(JAEGER_VERSION)
+JAEGER         := $(JAEGER_DIR)/jaeger
+
+# `go install pkg@version` refuses it (its go.mod has a replace directive), so it is built as a
+# tool of a throwaway module that carries the same replace (Jaeger's go.mod: Shopify/sarama).
+$(JAEGER):
+	rm -rf $(JAEGER_DIR).tmp && mkdir -p $(JAEGER_DIR).tmp/mod
+	cd $(JAEGER_DIR).tmp/mod && go mod init jaeger-build \
+	  && go mod edit -replace github.com/Shopify/sarama=github.com/Shopify/sarama@v1.33.0 \
+	  && GOFLAGS=-mod=mod go get -tool github.com/jaegertracing/jaeger/cmd/jaeger@$(JAEGER_VERSION) \
+	  && go build -o ../jaeger github.com/jaegertracing/jaeger/cmd/jaeger
+	rm -rf $(JAEGER_DIR).tmp/mod $(JAEGER_DIR) && mv $(JAEGER_DIR).tmp $(JAEGER_DIR)
+
+jaeger: $(JAEGER)
+
 lint: $(STAMP)
 	$(BIN)/ruff check sidecar comparators ragflow_mq tests bench dashboards tools
 	$(BIN)/ruff format --check sidecar comparators ragflow_mq tests bench dashboards tools
@@ -74,8 +93,8 @@ typecheck: $(STAMP)
 	$(BIN)/mypy --python-version 3.13 -p ragflow_mq
 	$(BIN)/mypy --python-version 3.12 -p ragflow_mq
 
-pytest: $(STAMP) $(HELM)
-	HELM=$(HELM) KAFKA_VERSION=$(KAFKA_VERSION) $(BIN)/pytest
+pytest: $(STAMP) $(HELM) $(JAEGER)
+	HELM=$(HELM) JAEGER=$(JAEGER) KAFKA_VERSION=$(KAFKA_VERSION) $(BIN)/pytest
 
 # ragflow_mq's tests again (marked ragflow_pins), on RAGFlow's Python 3.13, in a second
 # virtualenv holding what ragflow_mq's install brings at

@@ -5,12 +5,13 @@ RAGFlow-shaped tasks of all five kinds and drains it with a whole ``Sidecar`` (m
 shadow consumer, judge; no observer) until every entry has its verdict: entries per second from
 the sidecar's start to the last verdict, and the mirror's own rate (start to the last entry
 read). Then the mirror alone (its hot path, ~14k entries/s untraced) over ``--mirror-entries``.
-With tracing on, spans go over OTLP/gRPC to a receiver in this process that counts and discards
-them. The three modes run in turn, the order alternating between rounds; the best rate of each
-is kept. Target: 10 % sampling at >= 0.9 of the untraced rate (mirror + shadow).
+With tracing on, spans go over OTLP/gRPC to a real Jaeger (``make jaeger``; the local stack's,
+in-memory storage), or with ``--receiver discard`` to a receiver in this process that counts and
+discards them. The three modes run in turn, the order alternating between rounds; the best
+rate of each is kept. Target: 10 % sampling at >= 0.9 of the untraced rate (mirror + shadow).
 
 Usage: .venv/bin/python bench/tracing_overhead.py [--entries 20000] [--mirror-entries 100000]
-       [--rounds 3]
+       [--rounds 3] [--receiver jaeger|discard]
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from bench_common import (
     alternating,
     bench_stack,
     fill,
+    free_port,
     loadavg,
     mirror_rate,
     whole_sidecar_settings,
@@ -37,6 +39,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from sidecar.app.service import Sidecar
 from sidecar.config import Settings
 from sidecar.dev.local_stack import LocalStack
+from sidecar.dev.local_stack.jaeger import JaegerPorts, LocalJaeger
 from sidecar.transport.topics import init_topics
 
 TARGET = 0.9
@@ -112,9 +115,15 @@ async def main() -> int:
     parser.add_argument("--mirror-entries", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=20, help="MAX_CONCURRENT_TASKS")
+    parser.add_argument(
+        "--receiver",
+        choices=("jaeger", "discard"),
+        default="jaeger",
+        help="where spans go: a real Jaeger, or a receiver here that counts and drops them",
+    )
     args = parser.parse_args()
 
-    receiver = Discard()
+    receiver = Discard()  # counts only with --receiver discard: Jaeger's count is not read
     server = grpc.aio.server()
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, server)
     endpoint = f"http://127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
@@ -122,6 +131,17 @@ async def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="sidecar-bench-"))
     stack = bench_stack(root)
     stack.up()
+    jaeger = None
+    if args.receiver == "jaeger":
+        ports = (free_port() for _ in range(5))
+        jaeger = LocalJaeger(root / "jaeger", JaegerPorts(*ports))
+        jaeger.start()
+        endpoint = jaeger.otlp_grpc_endpoint
+        print(f"spans to Jaeger at {endpoint} (query API {jaeger.query_url})", flush=True)
+
+    def exported(spans: int) -> str:
+        return "spans to Jaeger" if jaeger else f"{spans:7,} spans exported"
+
     try:
         await init_topics(run_settings(stack, "unused", "off", endpoint, 1).kafka)
         rates: dict[str, list[tuple[float, float]]] = {mode: [] for mode in MODES}
@@ -138,7 +158,7 @@ async def main() -> int:
             print(
                 f"round {round_no + 1} tracing {mode:>4}: {verdict_rate:8,.0f} entries/s "
                 f"to verdicts, mirror {mirrored_rate:8,.0f}/s, "
-                f"{receiver.spans - spans_before:7,} spans exported (load {loadavg()})",
+                f"{exported(receiver.spans - spans_before)} (load {loadavg()})",
                 flush=True,
             )
         alone: dict[str, list[float]] = {mode: [] for mode in MODES}
@@ -152,7 +172,7 @@ async def main() -> int:
             alone[mode].append(rate)
             print(
                 f"round {round_no + 1} mirror alone, tracing {mode:>4}: {rate:8,.0f} entries/s,"
-                f" {receiver.spans - spans_before:7,} spans exported (load {loadavg()})",
+                f" {exported(receiver.spans - spans_before)} (load {loadavg()})",
                 flush=True,
             )
         best = report(
@@ -168,6 +188,8 @@ async def main() -> int:
         print(f"  target: 10 % sampling >= {TARGET} of untraced: {'met' if met else 'NOT met'}")
         return 0 if met else 1
     finally:
+        if jaeger is not None:
+            jaeger.stop()
         stack.down()
         shutil.rmtree(root, ignore_errors=True)
         await server.stop(None)

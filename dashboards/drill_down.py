@@ -6,6 +6,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as builders
 from grafana_foundation_sdk.models import dashboard as model
 
+from dashboards.jaeger import JaegerTraces
 from dashboards.panels import (
     COUNT_STEPS,
     INFO_STEPS,
@@ -23,9 +24,12 @@ from dashboards.panels import (
 )
 from dashboards.queries import (
     DRILL_DOWN_UID,
+    JAEGER_VARIABLE,
+    MISMATCH_TAGS,
     MISMATCH_TRACES,
     OVERVIEW_UID,
     PROMETHEUS,
+    SIDECAR_SERVICE,
     TEMPO,
     Query,
     explore_url,
@@ -136,9 +140,10 @@ TO_THE_TRACE = Row(
             "Reading a mismatch",
             "Each row of **Mismatch traces** is a task whose Kafka outcome differed from the "
             'Redis one (`span.verdict = "mismatch"`); its trace id opens the `compare` span '
-            "with the diff event. A mismatch is exported whatever the sampling, so that span "
-            "is a trace of its own: its links lead to the task's `send` (mirror) and "
-            "`process` (shadow) spans.\n\n"
+            "with the diff event, in the task's trace beside its `send` (mirror), `run redis` "
+            "and `process` (shadow) spans. A mismatch is exported whatever the sampling: when "
+            "its task was not sampled, the span is a trace of its own, linked to the "
+            "task's `send`.\n\n"
             "The diff itself is in the verdict, on `ragflow.shadow.verdicts`:\n\n"
             "```\nragflow-sidecar diffs --since 1h --verdict mismatch\n```\n\n"
             "The **Mismatch traces in Explore** link at the top runs the same TraceQL query in "
@@ -149,7 +154,34 @@ TO_THE_TRACE = Row(
     ],
 )
 
-ROWS = (OVER_THE_RANGE, OVER_TIME, TO_THE_TRACE)
+IN_JAEGER = Row(
+    "From a mismatch to its trace, in Jaeger",
+    [
+        JaegerTraces(
+            "Mismatch traces in Jaeger",
+            f"Jaeger (the data source the `{JAEGER_VARIABLE}` variable names), search: service "
+            f"`{SIDECAR_SERVICE}`, tags `{MISMATCH_TAGS}`. Click a trace id to open the trace.",
+            SIDECAR_SERVICE,
+            MISMATCH_TAGS,
+            link_title="Open this trace from Jaeger",
+            width=16,
+        ),
+        Text(
+            "A mismatch's trace id",
+            "Each verdict records the trace of its `compare` span (`trace_id`; a mismatch's "
+            "is always exported), and `diffs` prints it:\n\n"
+            "```\nragflow-sidecar diffs --since 1h --verdict mismatch\n```\n\n"
+            "Paste it into Jaeger (or `GET /api/traces/<id>` on its query port): the task's "
+            "trace, the Redis read, `send`, `run redis`, `process` and `compare` (an unsampled "
+            "task's mismatch: `compare` alone, linked to its `send`). The `compare` span carries "
+            "`verdict.comparators` and `verdict.difference_kinds`.",
+            width=8,
+            height=12,
+        ),
+    ],
+)
+
+ROWS = (OVER_THE_RANGE, OVER_TIME, TO_THE_TRACE, IN_JAEGER)
 
 
 def drill_down() -> builders.Dashboard:
@@ -175,6 +207,12 @@ def drill_down() -> builders.Dashboard:
             .include_all(True)
             .all_value(".*")
             .current(model.VariableOption(selected=True, text="All", value="$__all"))
+        )
+        .with_variable(
+            builders.DatasourceVariable(JAEGER_VARIABLE)
+            .label("Jaeger")
+            .description("The Jaeger data source the sidecar's traces are in.")
+            .type("jaeger")
         )
         .link(link("Shadow migration overview", f"/d/{OVERVIEW_UID}"))
         .link(

@@ -19,6 +19,13 @@ from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 PROMETHEUS = model.DataSourceRef(type_val="prometheus", uid="prometheus")
 TEMPO = model.DataSourceRef(type_val="tempo", uid="tempo")
+# Jaeger is the operator's own (Grafana's jaeger plugin, whatever its uid): the drill-down's
+# ``jaeger`` data source variable names it, so no uid is assumed.
+JAEGER_VARIABLE = "jaeger"
+JAEGER = model.DataSourceRef(type_val="jaeger", uid="${" + JAEGER_VARIABLE + "}")
+SIDECAR_SERVICE = "ragflow-kafka-sidecar"
+# The compare spans of mismatches, as Jaeger's search takes tags (logfmt).
+MISMATCH_TAGS = 'verdict="mismatch"'
 
 OVERVIEW_UID = "ragflow-sidecar-overview"
 DRILL_DOWN_UID = "ragflow-sidecar-diff-drill-down"
@@ -109,22 +116,25 @@ def refs(queries: tuple[Query, ...], *, instant: bool = False) -> list[Builder[D
     ]
 
 
-def explore_url(datasource: model.DataSourceRef, tempo_query: str, start: str, end: str) -> str:
-    """A Grafana Explore URL running ``tempo_query``; Grafana's ``${...}`` variables in it
-    are left unescaped, so a data link interpolates them."""
+def explore_url(
+    datasource: model.DataSourceRef, trace_query: str, start: str, end: str, *, traceql: bool = True
+) -> str:
+    """A Grafana Explore URL running ``trace_query`` (TraceQL, or for Jaeger a trace id);
+    Grafana's ``${...}`` variables in it are left unescaped, so a data link interpolates them."""
+    query: dict[str, object] = {
+        "refId": "A",
+        "datasource": {"type": datasource.type_val, "uid": datasource.uid},
+        "query": trace_query,
+    }
+    if traceql:
+        query["queryType"] = "traceql"
     pane = {
         "datasource": datasource.uid,
-        "queries": [
-            {
-                "refId": "A",
-                "datasource": {"type": datasource.type_val, "uid": datasource.uid},
-                "queryType": "traceql",
-                "query": tempo_query,
-            }
-        ],
+        "queries": [query],
         "range": {"from": start, "to": end},
     }
     panes = quote(json.dumps({"trace": pane}, separators=(",", ":")), safe="")
-    for variable in ("${__value.raw}", "${__from}", "${__to}"):
+    variables = ("${__value.raw}", "${__from}", "${__to}", "${" + JAEGER_VARIABLE + "}")
+    for variable in variables:
         panes = panes.replace(quote(variable, safe=""), variable)
     return f"/explore?schemaVersion=1&orgId=1&panes={panes}"

@@ -26,6 +26,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from sidecar.config import Settings
 from sidecar.dev.local_stack import LocalKafka, LocalStack, LocalValkey, StackConfig
+from sidecar.dev.local_stack.jaeger import JaegerPorts, LocalJaeger
 from sidecar.dev.local_stack.kafka import DEFAULT_KAFKA_VERSION
 from sidecar.errors import LocalStackError
 from tests import tiers
@@ -192,3 +193,19 @@ async def collector() -> AsyncIterator[Collector]:
     """An OTLP/gRPC trace receiver of the test's own; its ``endpoint`` is where to export."""
     async with running_collector() as receiver:
         yield receiver
+
+
+@pytest.fixture(scope="session")
+@tiers.starts_servers
+def jaeger(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalJaeger]:
+    """A real Jaeger (``make jaeger`` builds it; ``JAEGER`` names it) on free ports, shared by
+    the session's tracing tests and stopped by pid after them. Each test tells its traces
+    apart by its own service instance and task ids."""
+    root = tmp_path_factory.mktemp("jaeger")
+    ports = JaegerPorts(free_port(), free_port(), free_port(), free_port(), free_port())
+    server = LocalJaeger(root, ports)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

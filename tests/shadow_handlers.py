@@ -51,3 +51,16 @@ async def slow_first_kafka_run(task: dict[str, Any], meta: TaskMeta) -> dict[str
         SLOW_FIRST_KAFKA_RUN.discard(task_id)
         await asyncio.sleep(1.0)
     return ragflow_dry_run(task, meta)
+
+
+# Tasks carrying this digest get a different kafka run: a mismatch on ``to_page``.
+MISMATCH_MARKER = "kafka-differs"
+
+
+def kafka_differs_on_marker(task: dict[str, Any], meta: TaskMeta) -> dict[str, Any]:
+    """As ``ragflow``; on the kafka path, a task whose digest is the marker ends one page later
+    (what a broken migration could do), so its verdict is a ``value_changed`` mismatch."""
+    outcome = ragflow_dry_run(task, meta)
+    if meta.path == "kafka" and task.get("digest") == MISMATCH_MARKER:
+        outcome = {**outcome, "to_page": int(outcome.get("to_page") or 0) + 1}
+    return outcome

@@ -532,6 +532,22 @@ def test_tempo_takes_otlp_stores_locally_and_writes_span_metrics(
     }
 
 
+def test_jaeger_is_optional_and_runs_the_local_stacks_configuration(raw: dict[str, Any]) -> None:
+    """The jaeger service only with its profile; its configuration is the file the local stack
+    and the tests run (sidecar/dev/local_stack/jaeger.yaml), every address it asks the
+    environment for set, and Grafana's Jaeger data source points at its query port."""
+    jaeger = raw["services"]["jaeger"]
+    assert jaeger["profiles"] == ["jaeger"]
+    [(target, source)] = _bind_mounts(jaeger).items()
+    assert source == COMPOSE_DIR.parent / "sidecar/dev/local_stack/jaeger.yaml"
+    assert jaeger["command"] == ["--config", f"file:{target}"]
+    asked = set(re.findall(r"\$\{env:([A-Z_]+)\}", source.read_text(encoding="utf-8")))
+    assert asked and asked == set(jaeger["environment"])
+    assert jaeger["environment"]["JAEGER_QUERY_HTTP_ENDPOINT"] == "0.0.0.0:16686"
+    assert any(str(port).endswith(":16686") for port in jaeger["ports"])
+    assert _datasources()["jaeger"]["url"] == "http://jaeger:16686"
+
+
 # ---------------------------------------------------------------------------------------------
 # Grafana
 

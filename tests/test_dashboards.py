@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -280,7 +281,8 @@ def test_data_sources_by_uid() -> None:
             for item in (panel, *panel.get("targets", [])):
                 if "datasource" in item:
                     uids.add((item["datasource"]["type"], item["datasource"]["uid"]))
-    assert uids == {("prometheus", "prometheus"), ("tempo", "tempo")}
+    # Jaeger's is the operator's: the drill-down's data source variable names it.
+    assert uids == {("prometheus", "prometheus"), ("tempo", "tempo"), ("jaeger", "${jaeger}")}
 
 
 def test_match_rate_has_a_threshold_line() -> None:
@@ -316,6 +318,32 @@ def test_mismatches_link_to_their_traces() -> None:
     by_type = [p for p in panels(overview) if p["title"] == "Mismatches by task type"]
     data_links = by_type[0]["fieldConfig"]["defaults"]["links"]
     assert "var-task_type=" in data_links[0]["url"]
+
+
+def test_mismatches_link_to_their_traces_in_jaeger() -> None:
+    """A Jaeger search for the mismatches' compare spans, on the data source the ``jaeger``
+    variable names, whose trace ids open the trace from that same data source."""
+    drill_down = load(DRILL_DOWN)
+    [variable] = [v for v in drill_down["templating"]["list"] if v["name"] == "jaeger"]
+    assert variable["type"] == "datasource" and variable["query"] == "jaeger"
+    [traces] = [p for p in panels(drill_down) if p["title"] == "Mismatch traces in Jaeger"]
+    [target] = traces["targets"]
+    assert target["datasource"] == traces["datasource"] == {"type": "jaeger", "uid": "${jaeger}"}
+    assert target["queryType"] == "search" and target["service"] == "ragflow-kafka-sidecar"
+    assert target["tags"] == 'verdict="mismatch"'
+    [link] = [
+        link
+        for override in traces["fieldConfig"]["overrides"]
+        if override["matcher"] == {"id": "byName", "options": "traceID"}
+        for prop in override["properties"]
+        if prop["id"] == "links"
+        for link in prop["value"]
+    ]
+    panes = json.loads(urllib.parse.unquote(link["url"].split("panes=", 1)[1]))
+    [query] = panes["trace"]["queries"]
+    assert panes["trace"]["datasource"] == "${jaeger}"
+    assert query["datasource"] == {"type": "jaeger", "uid": "${jaeger}"}
+    assert query["query"] == "${__value.raw}" and "queryType" not in query
 
 
 def test_the_autopilots_decisions_are_annotations_on_the_overview() -> None:

@@ -258,6 +258,17 @@ def test_render_diff_shows_each_changed_field_side_by_side() -> None:
     assert "parser_config" in narrow and "128" in narrow and "256" in narrow
 
 
+def test_render_diff_names_the_verdicts_trace() -> None:
+    """The trace id recorded with the verdict is printed with it, whole, for Jaeger."""
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    record = {**mismatch_record(), "trace_id": trace_id}
+    for width in (60, 100):
+        assert f"trace {trace_id}" in render_diff(record, color=False, width=width)
+    missing = {**record, "verdict": "missing_in_kafka"}
+    assert render_diff(missing, color=False).endswith(f"trace {trace_id}")
+    assert "trace" not in render_diff(mismatch_record(), color=False).split("redis run")[0]
+
+
 def test_render_diff_colors_only_when_asked() -> None:
     record = mismatch_record()
     plain = render_diff(record, color=False)

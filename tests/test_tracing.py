@@ -131,11 +131,13 @@ async def test_span_graph_from_the_redis_read_to_the_verdict(
     # The entry that came with a trace context: its batch span links to it.
     assert any(_context(UPSTREAM) in r.links for r in receives)
 
-    def one(kind: int, entry_id: str) -> SpanView:
+    def one(kind: int, entry_id: str, name: str = "compare") -> SpanView:
         found = [
             s
             for s in spans
-            if s.kind == kind and s.attributes.get("messaging.message.id") == entry_id
+            if s.kind == kind
+            and s.attributes.get("messaging.message.id") == entry_id
+            and (kind != ProtoSpan.SPAN_KIND_INTERNAL or s.name == name)
         ]
         assert len(found) == 1, (kind, entry_id, found)
         return found[0]
@@ -157,17 +159,30 @@ async def test_span_graph_from_the_redis_read_to_the_verdict(
             # The record's traceparent is the send span's context, sampled.
             assert _context(header) == send.context and _sampled(header)
         process = one(ProtoSpan.SPAN_KIND_CONSUMER, entry_id)
-        assert process.name == f"process {record.topic}" and process.parent == ""
+        # The kafka run and the verdict continue the record's producer context (sampled): one
+        # trace per task, from the Redis read (or upstream's context) to the verdict.
+        assert process.name == f"process {record.topic}"
+        assert (process.trace_id, process.parent) == _context(header)
         assert process.links == [_context(header)]
         assert process.attributes["messaging.destination.name"] == record.topic
         assert process.attributes["messaging.consumer.group.name"] == f"shadow-{unique}"
         assert process.attributes["messaging.kafka.offset"] == record.offset
         compare = one(ProtoSpan.SPAN_KIND_INTERNAL, entry_id)
-        assert compare.name == "compare" and compare.parent == ""
+        assert compare.name == "compare"
+        assert (compare.trace_id, compare.parent) == _context(header)
         assert compare.attributes["verdict"] == verdicts[entry_id]["verdict"]
         assert compare.attributes["task.type"] == verdicts[entry_id]["task_type"]
         assert compare.attributes["task.id"] == tasks[ids.index(entry_id)]["id"]
         assert set(compare.links) == {_context(header), process.context}
+        # The redis run: a child of the record's producer context (the send, or upstream's).
+        run = one(ProtoSpan.SPAN_KIND_INTERNAL, entry_id, "run redis")
+        assert (run.trace_id, run.parent) == _context(header)
+        assert run.attributes["task.path"] == "redis" and process.attributes["task.path"] == "kafka"
+        assert run.attributes["task.id"] == compare.attributes["task.id"]
+        assert (
+            compare.attributes["verdict"] != "mismatch"
+            or compare.attributes["verdict.difference_kinds"]
+        )
         if compare.attributes["verdict"] == "match":
             assert compare.events == []
 

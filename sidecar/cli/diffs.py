@@ -88,6 +88,10 @@ def _header_parts(record: Mapping[str, Any]) -> list[str]:
         parts.append(f"kafka {topic}[{record.get('partition')}]@{record.get('offset')}")
     else:
         parts.append("kafka -")
+    trace_id = record.get("trace_id")
+    if trace_id:
+        # The compare span's trace, as Jaeger's /api/traces/<id> and its UI take it.
+        parts.append(f"trace {trace_id}")
     return [_printable(part) for part in parts]
 
 

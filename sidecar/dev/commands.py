@@ -49,6 +49,13 @@ def stack_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--kafka-sasl-ssl-port", type=int, default=defaults.kafka_sasl_ssl_port)
     parser.add_argument(
+        "--jaeger",
+        action="store_true",
+        help="also a Jaeger receiving the sidecar's traces (built by `make jaeger`)",
+    )
+    parser.add_argument("--jaeger-otlp-port", type=int, default=defaults.jaeger_otlp_port)
+    parser.add_argument("--jaeger-query-port", type=int, default=defaults.jaeger_query_port)
+    parser.add_argument(
         "--kafka-version",
         default=defaults.kafka_version,
         help="Apache Kafka release to fetch and run, 3.9.x or 4.x (default %(default)s)",
@@ -68,6 +75,9 @@ def _stack(args: argparse.Namespace) -> LocalStack:
             kafka_version=args.kafka_version,
             # The demo runs on the single broker; only `local-stack up` offers the cluster.
             kafka_brokers=getattr(args, "brokers", 1),
+            jaeger=args.jaeger,
+            jaeger_otlp_port=args.jaeger_otlp_port,
+            jaeger_query_port=args.jaeger_query_port,
         )
     )
 

@@ -29,6 +29,7 @@ from sidecar.cli.roundtrip import round_trip
 from sidecar.config import Settings
 from sidecar.dev.faults import FaultInjector
 from sidecar.dev.local_stack import LocalStack
+from sidecar.dev.local_stack.stack import TRACES_ENDPOINT
 from sidecar.dev.samples import ragflow_tasks
 from sidecar.observer.observer import RAGFLOW_GROUP
 from sidecar.transport.topics import init_topics
@@ -97,8 +98,13 @@ async def run_demo(
 ) -> int:
     """The demo on a started stack; returns the exit code."""
     run_id = uuid.uuid4().hex[:8]
+    # Tracing as the shell says (OTEL_*), and to the stack's Jaeger when it has one.
+    tracing = {name: value for name, value in os.environ.items() if name.startswith("OTEL_")}
+    if stack.jaeger is not None:
+        tracing[TRACES_ENDPOINT] = stack.jaeger.otlp_grpc_endpoint
     settings = Settings.from_env(
         {
+            **tracing,
             "REDIS_URL": stack.valkey.url,
             "KAFKA_BOOTSTRAP_SERVERS": stack.kafka.bootstrap_servers,
             "MIRROR_START": "earliest",

@@ -14,16 +14,21 @@ from collections.abc import Sequence
 from typing import Any
 
 import valkey.asyncio as valkey
+from opentelemetry.trace import Status, StatusCode
 
 from comparators import NoiseBaseline
 from sidecar.shadow.dedup import cancel_keys_set
 from sidecar.shadow.handlers import HandlerResult, NamedHandler, TaskMeta, run_handler
+from sidecar.shadow.trace import redis_run_span
 from sidecar.transport import fastjson
 from sidecar.transport.base import OutgoingMessage
 from sidecar.transport.message import QueueMessage, header_text
 from sidecar.transport.valkey_client import translate_valkey_errors
 from sidecar.verdicts.join import Arrival, EntryRef
 from sidecar.verdicts.judge import Judge, digest_or_none
+
+# A failed redis run's error on its span, at most this long.
+MAX_ERROR_CHARS = 300
 
 
 def value_sha(value: bytes) -> str:
@@ -67,13 +72,29 @@ class RedisRunRecorder:
                 attempt=1,
                 cancelled=is_cancelled,
             )
+            traceparent = header_text(record.headers, "traceparent") if traced else None
+            span = (
+                redis_run_span(
+                    self._judge.tracing,
+                    traceparent,
+                    message.id,
+                    str(header_text(record.headers, "x-task-id") or ""),
+                    str(header_text(record.headers, "x-task-type") or ""),
+                )
+                if traced
+                else None
+            )
             runs = [await run_handler(self._handler, task, meta)]
             for _ in range(self._noise_runs if runs[0].ok else 0):
                 runs.append(await run_handler(self._handler, task, meta))
+            if span is not None:
+                if runs[0].error:
+                    span.set_status(Status(StatusCode.ERROR, runs[0].error[:MAX_ERROR_CHARS]))
+                span.end()
             assert message.value is not None  # decoded above
             facts = self._facts(message, record, runs, acked_ms)
             if traced:  # the record's producer context, for the verdict's span to link to
-                facts["traceparent"] = header_text(record.headers, "traceparent")
+                facts["traceparent"] = traceparent
             arrivals.append(
                 Arrival(
                     EntryRef(message.topic, message.id),

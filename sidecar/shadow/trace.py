@@ -1,9 +1,15 @@
-"""The shadow's span: one ``process <topic>`` per record it handles.
+"""The shadow's span, one ``process <topic>`` per record it handles; and the mirror's
+``run redis`` span, one per redis run.
 
-``process <topic>`` (CONSUMER, ``messaging.system=kafka``) is a root span linked to the producer
-context in the record's ``traceparent`` header; under the ``parentbased_*`` samplers it follows
-that context's sampled flag, and an unsampled one makes no span at all. Its context goes with
-the record's facts to the judge, which links the verdict's ``compare`` span to it.
+``process <topic>`` (CONSUMER, ``messaging.system=kafka``) is a child of the producer context in
+the record's ``traceparent`` header, and linked to it: one trace per task, from the mirror's
+Redis read to the verdict. Under the ``parentbased_*`` samplers it follows that context's
+sampled flag, and an unsampled one makes no span at all. Its context goes with
+the record's facts to the judge, which links the verdict's ``compare`` span to it. Its
+``task.path`` is ``kafka``.
+
+``run redis`` (INTERNAL, ``task.path=redis``) is the handler's run on the Redis copy, a child
+of the record's producer context (:func:`redis_run_span`).
 """
 
 from __future__ import annotations
@@ -14,7 +20,12 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Link, SpanKind
 
-from sidecar.telemetry.propagation import ROOT, TRACEPARENT, format_traceparent, parse_traceparent
+from sidecar.telemetry.propagation import (
+    TRACEPARENT,
+    continuing,
+    format_traceparent,
+    parse_traceparent,
+)
 from sidecar.telemetry.semconv import (
     CONSUMER_GROUP,
     DESTINATION,
@@ -26,6 +37,7 @@ from sidecar.telemetry.semconv import (
     SYSTEM,
     SYSTEM_KAFKA,
     TASK_ID,
+    TASK_PATH,
     TASK_TYPE,
 )
 from sidecar.telemetry.tracing import Tracing
@@ -59,15 +71,39 @@ async def traced(
         if value is not None:
             attributes[attribute] = value
     attributes[TASK_TYPE] = header_text(headers, "x-task-type") or ""
+    attributes[TASK_PATH] = "kafka"
     span = tracing.tracer.start_span(
         tracing.span_name("process", message.topic),
-        context=ROOT,
+        context=continuing(producer),
         kind=SpanKind.CONSUMER,
         attributes=attributes,
         links=[Link(producer)] if producer is not None else None,
     )
     with trace.use_span(span, end_on_exit=True):
         await work
+
+
+def redis_run_span(
+    tracing: Tracing, traceparent: str | None, entry_id: str, task_id: str, task_type: str
+) -> trace.Span | None:
+    """The ``run redis`` span of a task's redis run (the mirror runs the handler on the Redis
+    copy), a child of the context its Kafka record carries: the mirror's ``send`` span, so the
+    Redis read, the produce and the redis run are one trace. ``None`` when that context was
+    not sampled (a task is traced from Redis to its verdict or not at all); the caller ends it."""
+    producer = parse_traceparent(traceparent)
+    if producer is None or not producer.trace_flags.sampled:
+        return None
+    return tracing.tracer.start_span(
+        "run redis",
+        context=continuing(producer),
+        kind=SpanKind.INTERNAL,
+        attributes={
+            MESSAGE_ID: entry_id,
+            TASK_ID: task_id,
+            TASK_TYPE: task_type,
+            TASK_PATH: "redis",
+        },
+    )
 
 
 def kafka_run_facts(message: QueueMessage) -> dict[str, str]:

@@ -8,6 +8,7 @@ from sidecar.telemetry.metrics import SidecarMetrics, Stats, counts
 from sidecar.telemetry.propagation import (
     ROOT,
     TRACEPARENT,
+    continuing,
     format_traceparent,
     links,
     parse_traceparent,
@@ -33,6 +34,7 @@ __all__ += [
     "ROOT",
     "TRACEPARENT",
     "Tracing",
+    "continuing",
     "format_traceparent",
     "links",
     "parse_traceparent",

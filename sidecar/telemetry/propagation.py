@@ -11,6 +11,7 @@ import re
 from collections.abc import Sequence
 from typing import Final
 
+from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.propagators.textmap import Getter, Setter
 from opentelemetry.trace import Link, SpanContext, TraceFlags
@@ -22,6 +23,7 @@ __all__ = [
     "TRACEPARENT",
     "KafkaHeadersGetter",
     "KafkaHeadersSetter",
+    "continuing",
     "format_traceparent",
     "is_unsampled",
     "links",
@@ -88,6 +90,15 @@ def _match(value: bytes | str | None) -> re.Match[str] | None:
     if match is None or match[1] == "ff" or (match[1] == "00" and match[5]):
         return None
     return match
+
+
+def continuing(producer: SpanContext | None) -> Context:
+    """The parent context of a span that continues a message whose producer context is
+    ``producer``: that context when it was sampled (the span joins the task's trace), else
+    :data:`ROOT` (a span still made, a bad verdict's, starts a trace of its own and links)."""
+    if producer is None or not producer.trace_flags.sampled:
+        return ROOT
+    return trace.set_span_in_context(trace.NonRecordingSpan(producer), ROOT)
 
 
 def is_unsampled(value: bytes | str | None) -> bool:

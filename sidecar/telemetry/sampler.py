@@ -1,16 +1,18 @@
 """Which spans are sampled: ``OTEL_TRACES_SAMPLER``/``_ARG``, plus the sidecar's two rules.
 
-``OTEL_TRACES_SAMPLER``/``_ARG`` decide per batch: a batch's ``send`` spans are its children,
-so a batch is traced whole or not at all. Under the ``parentbased_*`` samplers a root span that
-continues a message through a link (``process``, ``compare``) follows the link's sampled flag,
-so a task is traced from Redis to its verdict or not at all; records of unsampled batches carry
-the batch span's context with the sampled flag off, which keeps that decision downstream. A
-``compare`` span whose verdict is ``mismatch``, ``error``, ``missing_in_kafka`` or
-``missing_in_redis`` is always sampled: its sampler sees the ``verdict`` attribute at start (the
-span is started once the verdict is known, with the comparison's start time), and forces the
-decision on, whatever the ratio. It is its own trace (the producer's may not have been
-sampled), linked to the producer's context; it goes through an export queue of its own
-(:mod:`sidecar.telemetry.export`), so a flood of ordinary spans cannot push it out.
+``OTEL_TRACES_SAMPLER``/``_ARG`` decide per batch: a batch's ``send`` spans are its children, so a
+batch is traced whole or not at all. The spans that continue a task (``run redis``, ``process``,
+``compare``) are children of its record's producer context when that was sampled, which the samplers
+follow; under the ``parentbased_*`` samplers a root span that continues a message through a link
+only (a context not sampled) follows the link's sampled flag, so a task is traced from Redis to its
+verdict or not at all; records of unsampled batches carry the batch span's context with the sampled
+flag off, which keeps that decision downstream. A ``compare`` span whose verdict is ``mismatch``,
+``error``, ``missing_in_kafka`` or ``missing_in_redis`` is always sampled: its sampler sees the
+``verdict`` attribute at start (the span is started once the verdict is known, with the comparison's
+start time), and forces the decision on, whatever the ratio. When the producer's context was sampled
+it is a span of the task's trace; when not, it is a trace of its own, linked to that context; it
+goes through an export queue of its own (:mod:`sidecar.telemetry.export`), so a flood of ordinary
+spans cannot push it out.
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ __all__ = [
     "SYSTEM_KAFKA",
     "SYSTEM_REDIS",
     "TASK_ID",
+    "TASK_PATH",
     "TASK_TYPE",
     "VERDICT",
 ]
@@ -57,3 +58,6 @@ SYSTEM_KAFKA: Final[str] = MessagingSystemValues.KAFKA.value  # "kafka"
 VERDICT: Final = "verdict"
 TASK_TYPE: Final = "task.type"
 TASK_ID: Final = "task.id"
+# Which copy of the task a span handles: "redis" (the mirror's redis run) or "kafka" (the
+# shadow's kafka run), as TaskMeta.path names them.
+TASK_PATH: Final = "task.path"

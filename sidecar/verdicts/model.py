@@ -61,6 +61,8 @@ class VerdictRecord:
     # Differences that do not make a mismatch (delivery latency beyond the tolerance).
     findings: list[dict[str, Any]] = field(default_factory=list)
     deliveries: int = 1
+    # The compare span's trace (32 hex digits) when it was sampled: a bad verdict's always is.
+    trace_id: str | None = None
 
     @property
     def verdict_id(self) -> str:
@@ -92,6 +94,7 @@ class VerdictRecord:
             "timings": self.timings,
             "findings": self.findings,
             "deliveries": self.deliveries,
+            "trace_id": self.trace_id,
         }
         for old, new in RENAMED_KEYS.items():
             body[old] = body[new]

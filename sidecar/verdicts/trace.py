@@ -1,8 +1,12 @@
 """The judge's span: one ``compare`` per verdict, a mismatch with its (redacted) differences.
 
-``compare`` (INTERNAL) carries ``verdict``, ``task.type``, ``task.id``; it is a root span linked
-to the task's producer context and to its ``process`` span. A mismatch carries a ``diff``
-event: the differences as JSON, at most :data:`MAX_DIFF_CHARS`, with the left and right of any
+``compare`` (INTERNAL) carries ``verdict``, ``task.type``, ``task.id`` (a mismatch also
+``verdict.comparators`` and ``verdict.difference_kinds``); it is linked to the task's producer
+context and to its ``process`` span, and a child of the producer context when that was sampled
+(the task's one trace); a bad verdict of an unsampled task is a trace of its own. Its trace id,
+when sampled, is recorded with the verdict (``trace_id``), which is how ``diffs`` and the
+drill-down dashboard lead from a mismatch to its trace. A mismatch carries a ``diff`` event: the
+differences as JSON, at most :data:`MAX_DIFF_CHARS`, with the left and right of any
 difference under a ``TRACE_REDACT_FIELDS`` field replaced by :data:`REDACTED`. The span is
 started once the verdict is known, with the comparison's start time, so the sampler sees the
 verdict and keeps every bad one (:mod:`sidecar.telemetry.sampler`).
@@ -16,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from opentelemetry.trace import SpanKind
 
-from sidecar.telemetry.propagation import ROOT, TRACEPARENT, links
+from sidecar.telemetry.propagation import TRACEPARENT, continuing, links, parse_traceparent
 from sidecar.telemetry.sampler import ALWAYS_EXPORTED_VERDICTS
 from sidecar.telemetry.semconv import MESSAGE_ID, TASK_ID, TASK_TYPE, VERDICT
 from sidecar.telemetry.tracing import MAX_ATTRIBUTE_CHARS, Tracing
@@ -35,6 +39,10 @@ __all__ = [
 
 VERDICT_ID: Final = "verdict.id"
 VERDICT_ERROR: Final = "verdict.error"
+# A mismatch's kinds, as attributes a trace search can name (the diff event holds the rest):
+# the comparators that found it, and the kinds of its differences (value_changed, ...).
+VERDICT_COMPARATORS: Final = "verdict.comparators"
+VERDICT_KINDS: Final = "verdict.difference_kinds"
 DIFF_EVENT: Final = "diff"
 DIFF_DIFFERENCES: Final = "differences"
 DIFF_TOTAL: Final = "differences.total"
@@ -53,7 +61,8 @@ def compare_span(
     facts: Sequence[Mapping[str, Any]],
 ) -> None:
     """The ``compare`` span of one verdict, from ``started_ns`` to now; ``facts`` are the
-    joined sides (the kafka run first), which hold the contexts to link to."""
+    joined sides (the kafka run first), which hold the contexts to link to. A sampled span's
+    trace id goes into ``record.trace_id``: the verdict names the trace that explains it."""
     producer = next((f[TRACEPARENT] for f in facts if f.get(TRACEPARENT)), None)
     if record.verdict not in ALWAYS_EXPORTED_VERDICTS and tracing.drops_linked(producer):
         return  # the sampler would drop the span: do not make one
@@ -67,14 +76,27 @@ def compare_span(
     }
     if record.error:
         attributes[VERDICT_ERROR] = record.error[:MAX_ERROR_CHARS]
+    if record.verdict == "mismatch":
+        # Only when there is something to name: a list attribute costs the SDK's validation.
+        found = sorted(name for name, count in record.comparators.items() if count)
+        if found:
+            attributes[VERDICT_COMPARATORS] = found
+        kinds = sorted({str(d["kind"]) for d in record.differences if d.get("kind")})
+        if kinds:
+            attributes[VERDICT_KINDS] = kinds
     span = tracing.tracer.start_span(
         "compare",
-        context=ROOT,
+        # In the task's trace when its producer context was sampled; else (a bad verdict is
+        # exported whatever the sampling) a trace of its own, linked.
+        context=continuing(parse_traceparent(producer)),
         kind=SpanKind.INTERNAL,
         attributes=attributes,
         links=links(producer, process) or None,
         start_time=started_ns,
     )
+    context = span.get_span_context()
+    if context.trace_flags.sampled:
+        record.trace_id = f"{context.trace_id:032x}"
     if record.verdict == "mismatch" and span.is_recording():
         span.add_event(
             DIFF_EVENT,

@@ -1,4 +1,5 @@
-"""Valkey and Kafka together: what ``ragflow-sidecar local-stack up|down|status`` drives."""
+"""Valkey and Kafka together (and Jaeger, asked for): what ``ragflow-sidecar local-stack
+up|down|status`` drives."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sidecar.dev.local_stack.cluster import LocalCluster
+from sidecar.dev.local_stack.jaeger import JaegerPorts, LocalJaeger
 from sidecar.dev.local_stack.kafka import DEFAULT_KAFKA_VERSION, LocalKafka
 from sidecar.dev.local_stack.valkey import LocalValkey
 from sidecar.errors import LocalStackError
+
+TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,20 @@ class StackConfig:
     # --brokers 3: a three-node KRaft cluster instead of the single broker (cluster.py), its
     # nodes on kafka_port and kafka_controller_port and the next two tens above them.
     kafka_brokers: int = 1
+    # --jaeger: a Jaeger (jaeger.py) that the sidecar's traces go to; its OTLP gRPC port, and
+    # the query API's (the UI's) port. Its other listeners are the next ports above them.
+    jaeger: bool = False
+    jaeger_otlp_port: int = 14317
+    jaeger_query_port: int = 16686
+
+    def jaeger_ports(self) -> JaegerPorts:
+        return JaegerPorts(
+            otlp_grpc=self.jaeger_otlp_port,
+            otlp_http=self.jaeger_otlp_port + 1,
+            query_http=self.jaeger_query_port,
+            query_grpc=self.jaeger_query_port + 1,
+            health=self.jaeger_query_port + 2,
+        )
 
 
 @dataclass(frozen=True)
@@ -60,6 +78,7 @@ class LocalStack:
             self.cluster = LocalCluster.on_ports(
                 root, config.kafka_port, config.kafka_controller_port, version=config.kafka_version
             )
+        self.jaeger = LocalJaeger(root, config.jaeger_ports()) if config.jaeger else None
         self._state_file = root / "stack.json"
 
     @classmethod
@@ -81,10 +100,14 @@ class LocalStack:
             self.cluster.start()
         else:
             self.kafka.start()
+        if self.jaeger is not None:
+            self.jaeger.start()
 
     def down(self) -> list[str]:
         """Stop what this stack started (by pid); returns the names stopped."""
         stopped = []
+        if self.jaeger is not None and self.jaeger.stop():
+            stopped.append("jaeger")
         if self.cluster is not None:
             stopped += self.cluster.stop()
         if self.kafka.stop():
@@ -94,6 +117,16 @@ class LocalStack:
         return stopped
 
     def status(self) -> list[ServiceStatus]:
+        jaeger = self.jaeger
+        if jaeger is None:
+            return self._status()
+        pid = jaeger.process.pid()
+        return [
+            *self._status(),
+            ServiceStatus("jaeger", pid, pid is not None and jaeger.answers(), jaeger.query_url),
+        ]
+
+    def _status(self) -> list[ServiceStatus]:
         valkey_pid = self.valkey.process.pid()
         if self.cluster is not None:
             valkey = ServiceStatus(
@@ -128,12 +161,16 @@ class LocalStack:
         The SCRAM password is read from its file when the lines are eval'd, so it is never
         printed.
         """
+        tracing = ""
+        if self.jaeger is not None:
+            # Traces only: Jaeger takes no OTLP metrics (Prometheus scrapes the sidecar's).
+            tracing = f"export {TRACES_ENDPOINT}={self.jaeger.otlp_grpc_endpoint}\n"
         if not self.config.kafka_secured:
             kafka = self.cluster or self.kafka
             return (
                 f"export REDIS_URL={self.valkey.url}\n"
                 f"export KAFKA_BOOTSTRAP_SERVERS={kafka.bootstrap_servers}\n"
-            )
+            ) + tracing
         kafka = self.kafka
         return (
             f"export REDIS_URL={self.valkey.url}\n"
@@ -143,4 +180,4 @@ class LocalStack:
             f"export KAFKA_SASL_USERNAME={kafka.sasl_username}\n"
             f'export KAFKA_SASL_PASSWORD="$(cat {shlex.quote(str(kafka.sasl_password_file))})"\n'
             f"export KAFKA_SSL_CAFILE={shlex.quote(str(kafka.tls.ca_file))}\n"
-        )
+        ) + tracing
