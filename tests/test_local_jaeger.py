@@ -24,6 +24,7 @@ def test_start_finds_the_running_one(jaeger: LocalJaeger) -> None:
     assert isinstance(again.get("/api/services")["data"], list | None)
 
 
+@pytest.mark.servers
 def test_a_jaeger_of_its_own_stops_and_leaves_nothing_listening(tmp_path: Path) -> None:
     server = LocalJaeger(tmp_path, JaegerPorts(*(free_port() for _ in range(5))))
     server.start()
