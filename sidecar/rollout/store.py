@@ -53,6 +53,7 @@ class RolloutKeys:
         self.counts = f"{prefix}:rollout:counts"
         self.commands = f"{prefix}:rollout:commands"
         self.lease = f"{prefix}:rollout:lease"
+        self.plan = f"{prefix}:rollout:plan"  # the forecast `rollout run` printed at its start
 
 
 class RolloutStore:
@@ -79,6 +80,16 @@ class RolloutStore:
                 pipe.xadd(self.keys.log, fields, maxlen=LOG_MAX, approximate=True)
                 pipe.hincrby(self.keys.counts, decision.action, 1)
                 await pipe.execute()
+
+    async def save_plan(self, plan: str) -> None:
+        """The forecast (JSON) ``rollout status`` shows each step's evidence against."""
+        with translate_valkey_errors("keep the rollout's plan", self._where):
+            await self._client.set(self.keys.plan, plan)
+
+    async def load_plan(self) -> str | None:
+        with translate_valkey_errors("read the rollout's plan", self._where):
+            raw = await self._client.get(self.keys.plan)
+        return _text(raw) if raw else None
 
     async def decisions(self, count: int) -> list[Decision]:
         """The newest ``count`` decisions, oldest first."""
