@@ -130,27 +130,42 @@ def forecast(site: SiteEvidence, plan: PlanSettings, start_hour: int = 0) -> For
 def fit_within(
     site: SiteEvidence, plan: PlanSettings, hours: float, start_hour: int = 0
 ) -> dict[str, float]:
-    """Per margin, the tightest value (its own unit) whose rollout is expected (p50) within
-    ``hours``, the other margins as loose as they need be; ``inf`` if none is (the dwell and
-    the documents' floors alone take longer)."""
-    fitted: dict[str, float] = {}
+    """The tightest margins (each in its own unit) whose rollout is expected (p50) within
+    ``hours`` together; ``inf`` for all if none is (the dwell and the documents' floors alone
+    take longer). Each is first fitted alone (the others out of the way), then all are widened
+    alike (the same factor on each excess: points, or the log of a ratio) until they fit
+    together: three margins each just shown by then are all shown by then less often."""
+
+    def hours_at(margins: Mapping[str, float]) -> float:
+        return forecast(site, replace(plan, margins=dict(margins)), start_hour).hours_p50
+
+    loose = {other: 1e6 for other in plan.margins}
+    if hours_at(loose) > hours:
+        return {name: math.inf for name in plan.margins}
+    alone: dict[str, float] = {}
     for name in plan.margins:
-        loose = {other: 1e6 for other in plan.margins}
-
-        def hours_at(value: float, name: str = name, loose: dict[str, float] = loose) -> float:
-            alone = replace(plan, margins={**loose, name: value})
-            return forecast(site, alone, start_hour).hours_p50
-
         points = margin_of(name).unit == "points"
         low, high = (0.01, 100.0) if points else (1.001, 1000.0)
-        if hours_at(high) > hours:
-            fitted[name] = math.inf
-            continue
         for _ in range(30):  # bisection: hours fall as the margin widens
             mid = (low + high) / 2 if points else math.sqrt(low * high)
-            low, high = (mid, high) if hours_at(mid) > hours else (low, mid)
-        fitted[name] = high
-    return fitted
+            low, high = (mid, high) if hours_at({**loose, name: mid}) > hours else (low, mid)
+        alone[name] = high
+    low_f, high_f = 1.0, 8.0
+    if hours_at(_widened(alone, low_f)) <= hours:
+        return alone
+    for _ in range(20):
+        mid = (low_f + high_f) / 2
+        low_f, high_f = (mid, high_f) if hours_at(_widened(alone, mid)) > hours else (low_f, mid)
+    return _widened(alone, high_f)
+
+
+def _widened(margins: Mapping[str, float], factor: float) -> dict[str, float]:
+    return {
+        name: value * factor
+        if margin_of(name).unit == "points"
+        else math.exp(math.log(value) * factor)
+        for name, value in margins.items()
+    }
 
 
 def _walk(
