@@ -161,15 +161,21 @@ def render(plan: dict[str, Any], settings: PlanSettings) -> str:
     ]
     if plan["beyond_week"]:
         week = ", ".join(f"{n} {shown(n, v)}" for n, v in plan["week_margins"].items())
+        sooner = (
+            "no test can show these margins sooner (even a fixed-horizon one needs longer)"
+            if plan["bound_beyond_week"]
+            else "the gate cannot show these margins sooner"
+        )
+        lines += ["", f"More than a week at this site's rate: {sooner}. A week can show: {week}."]
+    if "within_margins" in plan:
+        hours, fit = plan["within_hours"], plan["within_margins"]
+        told = ", ".join(f"{n} {shown(n, v)}" for n, v in fit.items())
+        now = "fit" if plan["hours_p50"] <= hours else "do not fit"
         lines += [
             "",
-            "More than a week at this site's rate: these margins cannot be shown sooner"
-            + (" by any test (even a fixed-horizon one needs longer)" if plan["bound_beyond_week"]
-               else "") + f". A week can show: {week}.",
-        ]  # fmt: skip
-    if "within_margins" in plan:
-        fit = ", ".join(f"{n} {shown(n, v)}" for n, v in plan["within_margins"].items())
-        lines += ["", f"within {plan['within_hours']:g} h (p50), each margin at least: {fit}"]
+            f"within {hours:g} h (p50): the margins above {now}; the tightest that do, "
+            f"all scaled alike: {told}",
+        ]
     return "\n".join(lines)
 
 

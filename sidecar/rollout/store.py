@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -44,6 +45,8 @@ class RolloutRecord:
     state: RolloutState | None = None
     counts: dict[str, int] = field(default_factory=dict)  # action -> decisions
     last: Decision | None = None  # the newest decision
+    # The plan `rollout run` kept at its start (sidecar/rollout/plan.py's make_plan), if any.
+    plan: dict[str, Any] | None = None
 
 
 class RolloutKeys:
@@ -113,7 +116,8 @@ class RolloutStore:
                 pipe.get(self.keys.state)
                 pipe.hgetall(self.keys.counts)
                 pipe.xrevrange(self.keys.log, count=1)
-                raw, counts, newest = await pipe.execute()
+                pipe.get(self.keys.plan)
+                raw, counts, newest, plan = await pipe.execute()
         try:
             return RolloutRecord(
                 state=RolloutState.from_json(raw) if raw else None,
@@ -125,6 +129,7 @@ class RolloutStore:
                     ),
                     None,
                 ),
+                plan=json.loads(plan) if plan else None,
             )
         except (TypeError, KeyError) as exc:  # JSON of another shape, a log entry without a field
             raise ValueError(f"the rollout's record does not parse: {exc!r}") from exc
