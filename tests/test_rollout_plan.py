@@ -4,6 +4,7 @@ prefix of the test's own, read back and forecast; ``rollout status`` against a k
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -12,7 +13,8 @@ import pytest
 import valkey
 
 from sidecar.cli.main import main
-from sidecar.cli.rollout import render_status
+from sidecar.cli.rollout import _plan_at_start, render_status
+from sidecar.config import Settings
 from sidecar.dev.local_stack import LocalStack
 from sidecar.rollout.machine import Decision, RolloutState
 from sidecar.wire.contract import BUCKETS_MS, Keys, bucket_field, count_field
@@ -87,6 +89,20 @@ def test_plan_forecasts_the_site_from_its_own_minutes(
     )
     assert code == 0, err
     assert set(json.loads(out)["within_margins"]) == {"failed", "processing", "queue_wait"}
+
+
+def test_run_prints_the_plan_at_its_start_and_keeps_it_for_status(
+    stack: LocalStack, unique: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _write_site(stack.valkey.url, unique, 5)
+    settings = Settings.from_env({"REDIS_URL": stack.valkey.url, "SERVE_KEY_PREFIX": unique})
+    asyncio.run(_plan_at_start(settings))
+    assert "expected to reach 100 %" in capsys.readouterr().out
+    client = valkey.Valkey.from_url(stack.valkey.url)
+    kept = json.loads(client.get(f"{unique}:rollout:plan"))  # type: ignore[arg-type]
+    client.close()
+    assert [s["share"] for s in kept["steps"]] == [5.0, 25.0, 50.0, 95.0]
+    assert kept["steps"][2]["kafka_documents"] > 0
 
 
 def test_plan_without_evidence_says_what_is_missing(
