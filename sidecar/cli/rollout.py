@@ -12,6 +12,7 @@ from typing import Any
 
 from sidecar.app.supervisor import run_until_signal
 from sidecar.config import Settings
+from sidecar.config.rollout import check_plan
 from sidecar.errors import SidecarError
 from sidecar.rollout.autopilot import Autopilot
 from sidecar.rollout.machine import Decision, RolloutState
@@ -79,6 +80,7 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
         )
         return 0
     if order == "run":
+        check_plan(settings.rollout, settings.serve.percent)  # refused before any plan is read
         await _plan_at_start(settings)
         return await run_until_signal(
             lambda: Autopilot(settings), settings.mirror.shutdown_grace_s, "rollout"
