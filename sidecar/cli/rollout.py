@@ -21,11 +21,14 @@ from sidecar.rollout.store import RolloutStore
 from sidecar.serve.gate_source import read_served
 from sidecar.serve.share import STORE_WAIT_S, set_share, while_store_is_down
 from sidecar.transport.valkey_client import create_client
+from sidecar.wire.contract import EVIDENCE_TTL_S
 
 logger = logging.getLogger(__name__)
 
 STATUS_DECISIONS = 10
-PLAN_SINCE_S = 7 * 86400.0  # a week: every hour of the day seen several times
+# As far back as the minute keys go (EVIDENCE_TTL_S, two days): every hour of the day seen
+# twice. A longer --since reads the same minutes.
+PLAN_SINCE_S = float(EVIDENCE_TTL_S)
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
@@ -50,7 +53,7 @@ def add_parser(commands: Any) -> None:
     )
     plan.add_argument(
         "--since", type=duration_s, default=PLAN_SINCE_S, metavar="7d",
-        help="the site's recent evidence read (default 7d)",
+        help="the site's recent evidence read (default 2d: as long as the minutes are kept)",
     )  # fmt: skip
     plan.add_argument(
         "--within", type=duration_s, default=None, metavar="24h",

@@ -45,7 +45,14 @@ def site_evidence(minutes: Sequence[Evidence], first_minute: int, floor_ms: floa
     documents = np.zeros(24)
     minutes_seen = np.zeros(24)
     failed = finished = 0
-    for offset, minute in enumerate(minutes):
+    # A minute's key lapses after EVIDENCE_TTL_S (two days): the minutes before the first one
+    # that holds anything are gone (or before ragflow_mq was installed), not minutes without
+    # documents, and counted as such they would dilute the rate.
+    held = [
+        i for i, m in enumerate(minutes) if any(p.counts or p.buckets for p in m.paths.values())
+    ]
+    skip = held[0] if held else len(minutes)
+    for offset, minute in enumerate(minutes[skip:], start=skip):
         hour = ((first_minute + offset) % MINUTES_A_DAY) // 60
         documents[hour] += (
             minute["redis"]["document_finished"] + minute["kafka"]["document_finished"]
@@ -56,7 +63,7 @@ def site_evidence(minutes: Sequence[Evidence], first_minute: int, floor_ms: floa
     by_hour = np.divide(documents, minutes_seen, out=np.zeros(24), where=minutes_seen > 0)
     if minutes_seen.any() and not minutes_seen.all():  # an hour never seen: the day's mean
         by_hour[minutes_seen == 0] = documents.sum() / minutes_seen.sum()
-    spreads = {name: _spread(minutes, SAMPLED[name], floor_ms) for name in SAMPLED}
+    spreads = {name: _spread(minutes[skip:], SAMPLED[name], floor_ms) for name in SAMPLED}
     return SiteEvidence(
         documents_per_min_by_hour=tuple(float(x) for x in by_hour),
         failure_rate=failed / finished if finished else 0.0,
