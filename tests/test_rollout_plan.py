@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import valkey
 
 from sidecar.cli.main import main
-from sidecar.cli.rollout import _plan_at_start, render_status
+from sidecar.cli.rollout import _plan_at_start, render_status, step_lines
 from sidecar.config import Settings
 from sidecar.dev.local_stack import LocalStack
 from sidecar.rollout.machine import Decision, RolloutState
@@ -143,10 +144,17 @@ def test_status_shows_each_step_against_the_plan() -> None:
             {"share": 95.0, "kafka_documents": 40},
         ],
     }
+    now_ms = 1_000 * 60_000
     state = RolloutState(phase="ramping", step=1, share=25.0, step_since_ms=1, started_ms=1)
     look = Decision(1, "hold", "ramping", 25.0, 25.0, "margins", {"kafka_documents": 100})
     text = render_status(state, [look], "host:1", planned)
     assert "    5 %  done" in text
-    # 150 documents more at 25 % of 5 a minute: 120 minutes.
-    assert "   25 %  100 of about 250 documents, about 2.0 hours more at the current rate" in text
     assert "   50 %  about 1500 documents" in text
+    # 200 minutes into the step, 100 Kafka documents: 0.5 a minute, 150 more take 5 hours.
+    ran = replace(state, step_since_ms=now_ms - 200 * 60_000)
+    assert step_lines(ran, [look], planned, now_ms)[1] == (
+        "     25 %  100 of about 250 documents, about 5.0 hours more at the current rate"
+    )
+    # 10 minutes in: too soon to tell its rate; the plan's (25 % of 5 a minute): 2 hours.
+    early = replace(state, step_since_ms=now_ms - 10 * 60_000)
+    assert "about 2.0 hours more" in step_lines(early, [look], planned, now_ms)[1]

@@ -26,6 +26,9 @@ from sidecar.wire.contract import EVIDENCE_TTL_S
 logger = logging.getLogger(__name__)
 
 STATUS_DECISIONS = 10
+# A step's own rate is taken once it ran this long (at a few documents a minute, its first
+# minutes say little about the rate).
+RATE_AFTER_MIN = 30.0
 # As far back as the minute keys go (EVIDENCE_TTL_S, two days): every hour of the day seen
 # twice. A longer --since reads the same minutes.
 PLAN_SINCE_S = float(EVIDENCE_TTL_S)
@@ -198,19 +201,26 @@ def render_status(
 
 
 def step_lines(
-    state: RolloutState, decisions: list[Decision], planned: dict[str, Any]
+    state: RolloutState,
+    decisions: list[Decision],
+    planned: dict[str, Any],
+    now_ms: int | None = None,
 ) -> list[str]:
-    """Each step: done, or N of about M documents and about H hours at the plan's rate."""
+    """Each step: done, or N of about M documents and about H hours more at the current rate:
+    Kafka's in this step so far once it ran ``RATE_AFTER_MIN``, the plan's before."""
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     last = decisions[-1].evidence if decisions else {}
     now = int(last.get("kafka_documents", 0))
     rate = float(planned["documents_per_min"])
+    ran_min = (now_ms - state.step_since_ms) / 60_000 if state.step_since_ms else 0.0
     lines = []
     for index, step in enumerate(planned["steps"]):
         wanted, share = int(step["kafka_documents"]), float(step["share"])
         if index < state.step or (index == state.step and state.phase == "watching"):
             told = "done"
         elif index == state.step and state.phase == "ramping":
-            left_min = max(wanted - now, 0) / (rate * share / 100) if rate > 0 else 0.0
+            per_min = now / ran_min if now and ran_min >= RATE_AFTER_MIN else rate * share / 100
+            left_min = max(wanted - now, 0) / per_min if per_min > 0 else 0.0
             told = (
                 f"{now} of about {wanted} documents, about {left_min / 60:.1f} hours more "
                 "at the current rate"
