@@ -116,8 +116,12 @@ ROLLOUT = Row(
         Stat(
             "Dwell left",
             "How long the step must still run (ROLLOUT_DWELL_S) before the gate can promote "
-            "it; 0 once over, or when not ramping.",
-            (Query(f"max({_ROLLOUT}dwell_left_seconds)", "dwell left"),),
+            "it, and how long its evidence is expected to take still at the site's rate "
+            "(`rollout plan`'s p50, kept at the start); 0 once over, or when not ramping.",
+            (
+                Query(f"max({_ROLLOUT}dwell_left_seconds)", "dwell left"),
+                Query(f"max({_ROLLOUT}step_hours_expected) * 3600", "evidence, expected"),
+            ),
             unit="s",
             steps=INFO_STEPS,
             width=4,
@@ -161,11 +165,13 @@ ROLLOUT = Row(
         ),
         Graph(
             "Documents in this step",
-            "Documents each path finished in the current step, and how many more it needs "
-            "(ROLLOUT_MIN_DOCUMENTS), as the autopilot's last look counted them.",
+            "Documents each path finished in the current step, how many more it needs "
+            "(ROLLOUT_MIN_DOCUMENTS), as the autopilot's last look counted them, and the Kafka "
+            "documents the step is expected to need (about M: `rollout plan` at the start).",
             (
                 Query(f"max by (path) ({_ROLLOUT}step_documents)", "{{path}} finished"),
                 Query(f"max by (path) ({_ROLLOUT}documents_needed)", "{{path}} still needed"),
+                Query(f"max({_ROLLOUT}step_documents_expected)", "kafka expected (about M)"),
             ),
             "short",
             width=8,

@@ -4,6 +4,7 @@ exported as Prometheus scrapes it, present at 0 from start-up, and kept through 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import valkey.asyncio as avalkey
@@ -62,7 +63,10 @@ async def test_the_poller_exports_the_autopilots_record(
 
     # Before the autopilot's first decision: everything there, at 0.
     text = scrape(metrics)
-    for name in ("share", "step", "last_decision_timestamp_seconds", "dwell_left_seconds"):
+    for name in (
+        "share", "step", "last_decision_timestamp_seconds", "dwell_left_seconds",
+        "step_documents_expected", "step_hours_expected",
+    ):  # fmt: skip
         assert sample(text, f"ragflow_sidecar_rollout_{name}") == 0
     for phase in PHASES:
         assert sample(text, "ragflow_sidecar_rollout_phase", phase=phase) == 0
@@ -85,6 +89,9 @@ async def test_the_poller_exports_the_autopilots_record(
     assert (decision.action, state.share) == ("promote", 5.0)
     state, held = decide(plan, state, GateView("promote", (), 150, 900), now_ms + 100_000)
     await store.record(state, held)
+    # The plan `rollout run` kept at its start: this step (5 %) about 270 Kafka documents.
+    steps = [{"share": 5.0 * i, "kafka_documents": 70 + 200 * i} for i in range(len(plan.steps))]
+    await store.save_plan(json.dumps({"documents_per_min": 10.0, "steps": steps}))
     assert held.action == "hold"
     async with own, poller:
         await poll_until(poller, "hold")
@@ -112,6 +119,9 @@ async def test_the_poller_exports_the_autopilots_record(
     assert sample(text, "ragflow_sidecar_rollout_documents_needed", path="kafka") == 50
     assert sample(text, "ragflow_sidecar_rollout_documents_needed", path="redis") == 0
     assert 490 < sample(text, "ragflow_sidecar_rollout_dwell_left_seconds") <= 500
+    # 120 Kafka documents more at 5 % of 10 a minute: 240 minutes.
+    assert sample(text, "ragflow_sidecar_rollout_step_documents_expected") == 270
+    assert sample(text, "ragflow_sidecar_rollout_step_hours_expected") == 4.0
 
     text = rolled_back
     assert sample(text, "ragflow_sidecar_rollout_share") == 0
@@ -120,6 +130,7 @@ async def test_the_poller_exports_the_autopilots_record(
     assert sample(text, decisions, action="rollback") == 1
     assert sample(text, "ragflow_sidecar_rollout_dwell_left_seconds") == 0
     assert sample(text, "ragflow_sidecar_rollout_documents_needed", path="kafka") == 0
+    assert sample(text, "ragflow_sidecar_rollout_step_hours_expected") == 0
     assert not poller.started
     await valkey_client.delete(*await valkey_client.keys(f"{unique}:*"))
 

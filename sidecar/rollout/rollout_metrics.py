@@ -105,6 +105,20 @@ def register_rollout_metrics(
         lacking = evidence_needed(plan, state, documents["kafka"], documents["redis"], now_ms)
         return lacking.dwell_s, lacking.documents
 
+    def expected() -> tuple[float, float]:
+        # The current step's Kafka documents in the plan kept at the start (about M) and the
+        # hours the rest takes at the plan's rate; 0 with no plan or when not ramping.
+        state, planned = poller.values.state, poller.values.plan
+        if state is None or planned is None or state.phase != "ramping" or state.step < 0:
+            return 0.0, 0.0
+        steps = planned.get("steps", [])
+        if state.step >= len(steps):
+            return 0.0, 0.0
+        wanted = float(steps[state.step]["kafka_documents"])
+        per_min = float(planned["documents_per_min"]) * float(steps[state.step]["share"]) / 100
+        left = max(wanted - step_documents()["kafka"], 0.0)
+        return wanted, (left / per_min / 60 if per_min > 0 else 0.0)
+
     def per_path(values: dict[str, int]) -> Iterable[Sample]:
         return [({"path": path}, float(values.get(path, 0))) for path in PATHS]
 
@@ -150,4 +164,16 @@ def register_rollout_metrics(
         "before "
         "a promotion (0: enough, or not ramping)",
         lambda: per_path(needed()[1]),
+    )
+    metrics.observe_gauge(
+        "rollout_step_documents_expected",
+        "Kafka documents the current step is expected to need (about M, `rollout plan`'s p50 as "
+        "`rollout run` printed it at its start; 0: no plan kept, or not ramping)",
+        lambda: [({}, expected()[0])],
+    )
+    metrics.observe_gauge(
+        "rollout_step_hours_expected",
+        "hours the current step is expected to take still, at the site's rate when the plan "
+        "was made (0: no plan kept, or not ramping)",
+        lambda: [({}, expected()[1])],
     )

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -44,6 +45,8 @@ class RolloutRecord:
     state: RolloutState | None = None
     counts: dict[str, int] = field(default_factory=dict)  # action -> decisions
     last: Decision | None = None  # the newest decision
+    # The plan `rollout run` kept at its start (sidecar/rollout/plan.py's make_plan), if any.
+    plan: dict[str, Any] | None = None
 
 
 class RolloutKeys:
@@ -53,6 +56,7 @@ class RolloutKeys:
         self.counts = f"{prefix}:rollout:counts"
         self.commands = f"{prefix}:rollout:commands"
         self.lease = f"{prefix}:rollout:lease"
+        self.plan = f"{prefix}:rollout:plan"  # the forecast `rollout run` printed at its start
 
 
 class RolloutStore:
@@ -80,6 +84,16 @@ class RolloutStore:
                 pipe.hincrby(self.keys.counts, decision.action, 1)
                 await pipe.execute()
 
+    async def save_plan(self, plan: str) -> None:
+        """The forecast (JSON) ``rollout status`` shows each step's evidence against."""
+        with translate_valkey_errors("keep the rollout's plan", self._where):
+            await self._client.set(self.keys.plan, plan)
+
+    async def load_plan(self) -> str | None:
+        with translate_valkey_errors("read the rollout's plan", self._where):
+            raw = await self._client.get(self.keys.plan)
+        return _text(raw) if raw else None
+
     async def decisions(self, count: int) -> list[Decision]:
         """The newest ``count`` decisions, oldest first."""
         with translate_valkey_errors("read the rollout's decisions", self._where):
@@ -102,7 +116,8 @@ class RolloutStore:
                 pipe.get(self.keys.state)
                 pipe.hgetall(self.keys.counts)
                 pipe.xrevrange(self.keys.log, count=1)
-                raw, counts, newest = await pipe.execute()
+                pipe.get(self.keys.plan)
+                raw, counts, newest, plan = await pipe.execute()
         try:
             return RolloutRecord(
                 state=RolloutState.from_json(raw) if raw else None,
@@ -114,6 +129,7 @@ class RolloutStore:
                     ),
                     None,
                 ),
+                plan=json.loads(plan) if plan else None,
             )
         except (TypeError, KeyError) as exc:  # JSON of another shape, a log entry without a field
             raise ValueError(f"the rollout's record does not parse: {exc!r}") from exc
