@@ -9,7 +9,9 @@ from sidecar.serve.gate import (
     render_table,
 )
 from sidecar.serve.gate_checks import DECISIONS, ROLLBACK
-from sidecar.serve.gate_source import Following, GateSource, OneLook
+from sidecar.serve.gate_source import Following, GateSource, OneLook, read_served
+from sidecar.serve.gate_tests import MARGIN_TESTS, SAMPLED, margin_of
+from sidecar.serve.margins import RHO_FRACTION, crossing, margin_at, strata, weighed
 from sidecar.serve.served_metrics import ServedEvidencePoller, register_served_metrics
 from sidecar.serve.share import (
     STORE_WAIT_S,
@@ -43,6 +45,18 @@ __all__ += [
     "parse_next_share",
     "parse_window",
     "render_table",
+]
+# The margins, as the rollout's forecast models them on the gate's own functions.
+__all__ += [
+    "MARGIN_TESTS",
+    "RHO_FRACTION",
+    "SAMPLED",
+    "crossing",
+    "margin_at",
+    "margin_of",
+    "read_served",
+    "strata",
+    "weighed",
 ]
 # Drain-to-redis.
 __all__ += [
