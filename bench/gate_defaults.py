@@ -28,11 +28,15 @@ the hours a healthy run took to reach 100 % (p50 / p95).
 
 from __future__ import annotations
 
+import argparse
 import math
+import sys
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.stats import norm
+from bench_common import loadavg
+from gate_populations import HELD_OUT, ROLLOUT_POPULATIONS, RolloutPopulation
 
 from sidecar.config.rollout import RolloutSettings
 from sidecar.config.serve import GateSettings
@@ -51,9 +55,9 @@ from sidecar.serve.sequential import (
 from sidecar.wire.contract import BUCKETS_MS
 
 FLOOR_MS = 1000.0
-SIZES = np.arange(1, 61)
-SIZE_P = SIZES**-1.6 / (SIZES**-1.6).sum()
-BROKEN, ALONE = 0.01, 0.006
+# Why a ramping run is held a minute, in the autopilot's order: the dwell, the documents, a
+# harm test above its hold level, then each margin not yet shown.
+HELD_REASONS = ("dwell", "documents", "harm", *MARGIN_TESTS)
 
 
 _ROLLOUT, _GATE = RolloutSettings(), GateSettings()
@@ -83,10 +87,24 @@ class Scenario:
     extra_failed: float = 0.0  # points of documents, Kafka's
     slowdown: float = 1.0  # Kafka's processing
     in_watch: bool = False  # the regression starts once the run reached 100 %
+    queue_slowdown: float = 1.0  # Kafka's queue wait
 
     @property
     def aa(self) -> bool:
-        return self.extra_failed == 0 and self.slowdown == 1.0
+        return self.extra_failed == 0 and self.slowdown == 1.0 and self.queue_slowdown == 1.0
+
+
+# The issue's must-show scenarios: A/A and each harm at exactly its shipped margin.
+SCENARIOS = (
+    Scenario("A/A"),
+    Scenario("failed documents +2 pp", extra_failed=2.0),
+    Scenario("processing x1.5", slowdown=1.5),
+    Scenario("queue wait x3", queue_slowdown=3.0),
+)
+
+
+def _none() -> Array:
+    return np.zeros((0, 0))
 
 
 @dataclass
@@ -95,16 +113,11 @@ class Outcome:
     rolled_watch: Array  # bool: rolled back in the 24 h at 100 %
     reached_min: Array  # minute 100 % was reached (-1: never)
     rolled_min: Array  # minute of the roll-back (-1: none)
-
-
-def document_failure() -> float:
-    return float(BROKEN + (1 - BROKEN) * (1 - (SIZE_P * (1 - ALONE) ** SIZES).sum()))
-
-
-def _bucket_probs(median_ms: float, sigma: float, bounds: Array) -> Array:
-    edges = np.log(bounds)
-    cdf = norm.cdf((edges - math.log(median_ms)) / sigma)
-    return np.diff(np.concatenate([[0.0], cdf, [1.0]]))
+    # Per run and step: the minutes it took (NaN: not finished), the documents each path
+    # had when it was promoted (runs, steps, 2), and the minutes held for each HELD_REASONS.
+    step_min: Array = field(default_factory=_none)
+    step_docs: Array = field(default_factory=_none)
+    held: dict[str, Array] = field(default_factory=dict)
 
 
 class Tests:
@@ -127,6 +140,15 @@ class Tests:
 
     def shown(self, margins: dict[str, float], next_share: Array, alpha: float) -> Array:
         ok = np.ones(next_share.shape, dtype=bool)
+        for each in self.shown_each(margins, next_share, alpha).values():
+            ok &= each
+        return ok
+
+    def shown_each(
+        self, margins: dict[str, float], next_share: Array, alpha: float
+    ) -> dict[str, Array]:
+        """Per margin, whether it is shown at each run's next share."""
+        out = {}
         for name, (excess, spent, total, squares, count) in self.margin.items():
             mean = np.divide(total, count, out=np.zeros_like(total), where=count > 0)
             var = np.divide(squares, count, out=np.zeros_like(total), where=count > 0) - mean**2
@@ -135,13 +157,15 @@ class Tests:
                 var = p * (1 - p)
             else:
                 var = np.maximum(var, 0.01)
-            allowed = np.array([margin_at(name, margins[name], s) for s in next_share])
+            # margin_at per distinct share (a handful), not per run: it is called every minute.
+            distinct, where = np.unique(next_share, return_inverse=True)
+            allowed = np.array([margin_at(name, margins[name], s) for s in distinct])[where]
             radius, _ = mixture_radius(spent * var, rho_for(var, allowed, alpha), alpha)
             upper = np.divide(
                 excess + radius, spent, out=np.full_like(excess, np.inf), where=spent > 0
             )
-            ok &= upper < allowed
-        return ok
+            out[name] = upper < allowed
+        return out
 
 
 def watched(rng: np.random.Generator, runs: int, documents_per_min: float) -> None:
@@ -155,6 +179,7 @@ def watched(rng: np.random.Generator, runs: int, documents_per_min: float) -> No
     for scenario in (
         Scenario("failed documents +2 pp", extra_failed=2.0, in_watch=True),
         Scenario("processing x1.5", slowdown=1.5, in_watch=True),
+        Scenario("queue wait x3", queue_slowdown=3.0, in_watch=True),
     ):
         out = simulate(rng, scenario, plan, runs, documents_per_min=documents_per_min)
         caught = out.rolled_watch
@@ -177,9 +202,12 @@ def simulate(
     *,
     documents_per_min: float,
     watch_min: int = 1440,
+    population: RolloutPopulation = HELD_OUT,
 ) -> Outcome:
+    pop = population
     bounds = np.array(BUCKETS_MS)
-    merged, _ = hist.merge_floor(tuple(BUCKETS_MS), np.zeros((1, len(bounds) + 1)), FLOOR_MS)
+    buckets = len(bounds) + 1
+    merged, _ = hist.merge_floor(tuple(BUCKETS_MS), np.zeros((1, buckets)), FLOOR_MS)
     scores = hist.scores(merged)
     each = plan.alpha / len(TESTS)
     last_step = len(plan.steps) - 1
@@ -194,8 +222,14 @@ def simulate(
     reached = np.full(runs, -1)
     batch_left = np.zeros(runs, dtype=int)
     phase = rng.uniform(0, 2 * math.pi, runs)
-    p_doc = document_failure()
-    tasks_a_document = float((SIZE_P * SIZES).sum())
+    sizes_of, size_p = pop.sizes
+    mean_log_size, _ = pop.log_size_spread()
+    drift_f, drift_q = pop.drift
+    batch_p, batch_q, batch_f = pop.batch_factors
+    n_steps = len(plan.steps)
+    step_min = np.full((runs, n_steps), np.nan)
+    docs_at = np.full((runs, n_steps, 2), np.nan)
+    held = {reason: np.zeros((runs, n_steps)) for reason in HELD_REASONS}
     horizon = 60 * 24 * 21  # three weeks at most to reach 100 %
     minute = 0
     while minute < horizon:
@@ -204,54 +238,76 @@ def simulate(
         if not (live & ~watching_over).any():
             break
         share = steps[index]
-        load = documents_per_min * (1 + 0.3 * math.sin(2 * math.pi * minute / 1440))
+        load = documents_per_min * (1 + pop.swing * math.sin(2 * math.pi * minute / 1440))
         mix = np.sin(2 * math.pi * minute / 60 + phase)
-        start = rng.random(runs) < 4 / 1440
-        batch_left = np.where((batch_left == 0) & start, rng.integers(30, 91, runs), batch_left)
+        start = rng.random(runs) < pop.batches_a_day / 1440
+        lengths = rng.integers(pop.batch_min[0], pop.batch_min[1] + 1, runs)
+        batch_left = np.where((batch_left == 0) & start, lengths, batch_left)
         pdf = batch_left > 0
         batch_left = np.maximum(batch_left - 1, 0)
-        n = np.stack([rng.poisson(load * share), rng.poisson(load * (1 - share))]).astype(float)
-        # Failures.
-        p = np.clip(p_doc * np.exp(0.4 * mix) * np.where(pdf, 2.0, 1.0), 0, 1)
+        n = np.stack([rng.poisson(load * share), rng.poisson(load * (1 - share))]).astype(int)
         on = (reached >= 0) if scenario.in_watch else np.ones(runs, dtype=bool)
-        p_k = np.clip(p + np.where(on, scenario.extra_failed / 100, 0.0), 0, 1)
-        x = np.stack([rng.binomial(n[0].astype(int), p_k), rng.binomial(n[1].astype(int), p)])
-        # Retries: crashes hand 1-5 tasks of one path back at once, and a few on their own.
+        fail_scale = np.exp(drift_f * mix) * np.where(pdf, batch_f, 1.0)
+        p_shift = np.log(np.where(pdf, batch_p, 1.0)) + drift_f * mix
+        q_shift = np.log(np.where(pdf, batch_q, 1.0)) + drift_q * mix
+        # Each document drawn on its own: its task count sets its chance to fail and, through
+        # the covariate, part of its processing time; the minute's drift and batch move both
+        # paths alike, the scenario's regression Kafka's only.
+        x = np.zeros((2, runs))
+        started = np.zeros((2, runs))
+        counts = {key: np.zeros((2, runs, buckets)) for key in ("p", "q")}
+        for path in (0, 1):
+            owner = np.repeat(np.arange(runs), n[path])
+            if not owner.size:
+                continue
+            sizes = rng.choice(sizes_of, owner.size, p=size_p)
+            kafka_on = on[owner] if path == 0 else np.zeros(owner.size, dtype=bool)
+            p_fail = pop.failure_of(sizes) * fail_scale[owner]
+            p_fail = np.clip(p_fail + np.where(kafka_on, scenario.extra_failed / 100, 0.0), 0, 1)
+            failed = rng.random(owner.size) < p_fail
+            x[path] = np.bincount(owner, weights=failed, minlength=runs)
+            started[path] = np.bincount(owner, weights=sizes, minlength=runs)
+            log_p = (
+                math.log(pop.processing_ms)
+                + p_shift[owner]
+                + pop.covariate * (np.log(sizes) - mean_log_size)
+                + pop.residual_sigma * rng.standard_normal(owner.size)
+                + np.where(kafka_on, math.log(scenario.slowdown), 0.0)
+            )
+            log_q = (
+                math.log(pop.queue_ms)
+                + q_shift[owner]
+                + pop.queue_sigma * rng.standard_normal(owner.size)
+                + np.where(kafka_on, math.log(scenario.queue_slowdown), 0.0)
+            )
+            for key, log_t in (("p", log_p), ("q", log_q)):
+                # Filed as Recorder files a time (bisect_left on the bounds).
+                bucket = np.searchsorted(bounds, np.exp(log_t), side="left")
+                flat = np.bincount(owner * buckets + bucket, minlength=runs * buckets)
+                counts[key][path] = flat.reshape(runs, buckets)
+        latency = {
+            key: hist.merge_floor(tuple(BUCKETS_MS), c, FLOOR_MS)[1] for key, c in counts.items()
+        }
+        # Retries: crashes hand tasks of one path back at once, and a few on their own.
         # A retry is filed under the minute its document started (ragflow_mq's recorder), so a
         # crash's tasks land on each path as that minute's documents did: drawn by the step's
         # share instead, a run at a few documents a minute filed retries on Kafka in minutes
         # Kafka started nothing, a harm no site can show (2 of 100 A/A runs rolled back at 5 a
         # minute).
-        crashes = np.where(n.sum(axis=0) > 0, rng.poisson(0.2, runs), 0)
+        crashes = np.minimum(
+            np.where(n.sum(axis=0) > 0, rng.poisson(pop.crashes_a_min, runs), 0), 8
+        )
         on_kafka = rng.binomial(crashes, shares(n[0], n[1]))
-        sizes = rng.integers(1, 6, (runs, 8))
+        crash_sizes = rng.integers(1, pop.crash_tasks + 1, (runs, 8))
         ranks = np.arange(8)[None, :]
-        r_k = (sizes * (ranks < on_kafka[:, None])).sum(axis=1)
-        r_r = (sizes * ((ranks >= on_kafka[:, None]) & (ranks < crashes[:, None]))).sum(axis=1)
-        started = n * tasks_a_document
-        retried = np.stack([r_k, r_r]) + rng.binomial(started.astype(int), 0.002)
-        # Latencies: a histogram per path, the minute's drift and batch on both.
-        p_scale = np.exp(0.4 * mix) * np.where(pdf, 3.0, 1.0)
-        q_scale = np.exp(0.6 * mix) * np.where(pdf, 4.0, 1.0)
-        latency = {}
-        for key, median, sigma, scale, slower in (
-            ("p", 20_000.0, 1.1, p_scale, scenario.slowdown),
-            ("q", 3_000.0, 1.5, q_scale, 1.0),
-        ):
-            # Drift per run: a handful of distinct scales, sampled per run via quantised levels.
-            levels = np.round(np.log(scale) * 4) / 4
-            counts = np.zeros((2, runs, len(bounds) + 1))
-            for level in np.unique(levels):
-                for path, factor in ((0, slower), (1, 1.0)):
-                    for slow in (False, True) if factor != 1.0 else (False,):
-                        where = (levels == level) & ((on == slow) if factor != 1.0 else True)
-                        scale_by = factor if slow or factor == 1.0 else 1.0
-                        probs = _bucket_probs(median * math.exp(level) * scale_by, sigma, bounds)
-                        counts[path, where] = rng.multinomial(n[path, where].astype(int), probs)
-            latency[key] = hist.merge_floor(tuple(BUCKETS_MS), counts, FLOOR_MS)[1]
+        r_k = (crash_sizes * (ranks < on_kafka[:, None])).sum(axis=1)
+        r_r = (crash_sizes * ((ranks >= on_kafka[:, None]) & (ranks < crashes[:, None]))).sum(
+            axis=1
+        )
+        retried = np.stack([r_k, r_r]) + rng.binomial(started.astype(int), pop.retry_alone)
         # Harm tests.
         pi = shares(n[0], n[1])
-        total = x.sum(axis=0).astype(float)
+        total = x.sum(axis=0)
         tests.count["f"] += count_log_ratios(x[0], total, pi, COUNT_MIXTURE.nodes)
         pi_t = shares(started[0], started[1])
         tests.count["r"] += count_log_ratios(
@@ -261,10 +317,8 @@ def simulate(
         for key in ("p", "q"):
             k, r = latency[key]
             tests.tilt[key] += tilt_log_ratios(k, r, scores, TILT_MIXTURE.nodes)
-        # Margins: Kafka's excess over its own minute's Redis mean.
-        values = {
-            "failed": (x[0].astype(float), x[1].astype(float), x.sum(axis=0), x.sum(axis=0)),
-        }
+        # Margins: Kafka's excess over its own stratum's Redis mean.
+        values = {"failed": (x[0], x[1], total, total)}
         for name, key in (("processing", "p"), ("queue_wait", "q")):
             k, r = latency[key]
             values[name] = (k @ scores, r @ scores, (k + r) @ scores, (k + r) @ scores**2)
@@ -280,19 +334,35 @@ def simulate(
             m[3] += sq_all
             m[4] += n[0] + n[1]
         step_docs += n
-        # The autopilot's look.
+        # The autopilot's look, and why a ramping run is held this minute (for the bench's
+        # "where the time goes": the first reason in the autopilot's order, every margin
+        # not yet shown).
         harm = tests.harm()
         back = live & (harm >= rollback).any(axis=0)
         rolled_at[back] = minute
         ramping = live & ~back & (reached < 0)
-        due = ramping & (minute - since + 1 >= plan.dwell_min)
+        rows = np.flatnonzero(ramping)
+        dwelt = minute - since + 1 >= plan.dwell_min
+        due = ramping & dwelt
         last = index == last_step
         # The last step needs no Redis documents and shows no margin (sidecar/rollout).
-        due &= (step_docs[0] >= plan.min_documents) & (last | (step_docs[1] >= plan.min_documents))
-        due &= (harm < hold).all(axis=0)
+        enough = (step_docs[0] >= plan.min_documents) & (
+            last | (step_docs[1] >= plan.min_documents)
+        )
+        calm = (harm < hold).all(axis=0)
+        held["dwell"][rows, index[rows]] += ~dwelt[rows]
+        held["documents"][rows, index[rows]] += (dwelt & ~enough)[rows]
+        held["harm"][rows, index[rows]] += (dwelt & enough & ~calm)[rows]
+        due &= enough & calm
         if (due & ~last).any():
-            due &= last | tests.shown(plan.margins, next_of[index], plan.margin_alpha)
+            each_shown = tests.shown_each(plan.margins, next_of[index], plan.margin_alpha)
+            for name, ok in each_shown.items():
+                held[name][rows, index[rows]] += (due & ~last & ~ok)[rows]
+                due &= last | ok
         reached[due & last] = minute
+        done = np.flatnonzero(due)
+        step_min[done, index[done]] = minute + 1 - since[done]
+        docs_at[done, index[done]] = step_docs[:, done].T
         up = due & ~last
         index[up] += 1
         since[up] = minute + 1
@@ -300,42 +370,142 @@ def simulate(
         minute += 1
     rolled_ramp = (rolled_at >= 0) & ((reached < 0) | (rolled_at <= reached))
     rolled_watch = (rolled_at >= 0) & (reached >= 0) & (rolled_at > reached)
-    return Outcome(rolled_ramp, rolled_watch, reached, rolled_at)
+    return Outcome(rolled_ramp, rolled_watch, reached, rolled_at, step_min, docs_at, held)
 
 
-def headline(rng: np.random.Generator, runs: int, documents_per_min: float) -> bool:
+def targets(documents_per_min: float) -> tuple[float, float] | None:
+    """Issue 36's hours to 100 % (p50, p95): 24 and 48 at 5 documents a minute, proportionally
+    less above; none below (the issue sets none)."""
+    if documents_per_min < 5:
+        return None
+    return 24 * 5 / documents_per_min, 48 * 5 / documents_per_min
+
+
+def where_time_goes(out: Outcome, plan: Defaults, documents_per_min: float) -> None:
+    """Per step, over the runs that finished it: minutes and documents to promote (p50 / p95),
+    and the share of its minutes each reason held it (a margin counts while it is unshown once
+    the dwell, the documents and the harm tests allow the promotion)."""
+    print(
+        f"  where the time goes ({documents_per_min:g} documents/min): per step, runs that "
+        "finished it"
+    )
+    print(
+        f"  {'step':>6} {'runs':>5} {'hours p50/p95':>14} {'documents p50/p95':>18}  "
+        + " ".join(f"{r:>10}" for r in HELD_REASONS)
+    )
+    for i, step in enumerate(plan.steps):
+        done = ~np.isnan(out.step_min[:, i])
+        if not done.any():
+            continue
+        hours = np.percentile(out.step_min[done, i] / 60, [50, 95])
+        docs = np.percentile(out.step_docs[done, i].sum(axis=1), [50, 95])
+        spent = out.step_min[done, i].sum()
+        shares_held = [100 * out.held[r][done, i].sum() / spent for r in HELD_REASONS]
+        print(
+            f"  {step:>5g}% {int(done.sum()):>5} {hours[0]:>6.1f} /{hours[1]:>6.1f} "
+            f"{docs[0]:>8,.0f} /{docs[1]:>8,.0f}  " + " ".join(f"{h:>9.0f}%" for h in shares_held)
+        )
+
+
+def headline(
+    rng: np.random.Generator,
+    runs: int,
+    documents_per_min: float,
+    *,
+    ab_runs: int | None = None,
+    population: RolloutPopulation = HELD_OUT,
+    detail: bool = False,
+) -> bool:
+    """The must-show table at one load: A/A's false roll-backs (ramp, watch), each A/B's
+    silent promotions, the hours to 100 %; ``ab_runs`` runs an A/B scenario (``runs``)."""
     plan = Defaults()
+    ab_runs = ab_runs or runs
     print(
         f"shipped defaults: ROLLOUT_STEPS={','.join(f'{s:g}' for s in plan.steps)}, "
         f"ROLLOUT_DWELL_S={plan.dwell_min * 60}, ROLLOUT_MIN_DOCUMENTS={plan.min_documents}, "
-        f"GATE_ALPHA={plan.alpha:g}, margins {plan.margins}, "
-        f"ROLLOUT_HOLDBACK_PERCENT={plan.holdback:g}; {documents_per_min:g} documents/min, "
-        f"{runs} runs a scenario, 24 h watched at 100 %"
+        f"GATE_ALPHA={plan.alpha:g}, GATE_MARGIN_ALPHA={plan.margin_alpha:g}, margins "
+        f"{plan.margins}, ROLLOUT_HOLDBACK_PERCENT={plan.holdback:g}; population "
+        f"{population.name}; {documents_per_min:g} documents/min, {runs} A/A runs, {ab_runs} "
+        "a regression, 24 h watched at 100 %"
     )
+    goal = targets(documents_per_min)
     print(
-        f"{'scenario':<26} {'back in ramp':>12} {'back at 100 %':>14} {'reached 100 %':>14} "
-        f"{'silently':>9} {'hours to 100 % p50/p95':>23}"
+        f"{'scenario':<24} {'runs':>5} {'back in ramp':>12} {'back at 100 %':>14} "
+        f"{'reached 100 %':>14} {'silently':>9} {'hours to 100 % p50/p95':>23}"
     )
     ok = True
-    for scenario in (
-        Scenario("A/A"),
-        Scenario("failed documents +2 pp", extra_failed=2.0),
-        Scenario("processing x1.5", slowdown=1.5),
-    ):
-        out = simulate(rng, scenario, plan, runs, documents_per_min=documents_per_min)
+    for scenario in SCENARIOS:
+        n = runs if scenario.aa else ab_runs
+        out = simulate(
+            rng, scenario, plan, n, documents_per_min=documents_per_min, population=population
+        )
         reached = out.reached_min >= 0
         silent = reached & ~out.rolled_ramp & ~out.rolled_watch
         hours = out.reached_min[reached] / 60
         quantiles = np.percentile(hours, [50, 95]) if hours.size else []
         spread = " / ".join(f"{h:.1f}" for h in quantiles) or "-"
         if scenario.aa:
-            met = bool((out.rolled_ramp | out.rolled_watch).mean() <= plan.alpha)
+            met = bool(out.rolled_ramp.mean() <= 0.01 and out.rolled_watch.mean() <= 0.01)
+            if goal is not None:
+                # Runs that never reached 100 % count as slower than any that did.
+                hours_all = np.where(reached, out.reached_min / 60, np.inf)
+                p50, p95 = np.percentile(hours_all, [50, 95])
+                fast = p50 <= goal[0] and p95 <= goal[1]
+                met &= bool(fast)
+                spread += f" (<= {goal[0]:.1f} / {goal[1]:.1f})"
         else:
             met = bool(silent.mean() <= 0.05)
         ok &= met
         print(
-            f"{scenario.name:<26} {100 * out.rolled_ramp.mean():>11.1f}% "
+            f"{scenario.name:<24} {n:>5} {100 * out.rolled_ramp.mean():>11.1f}% "
             f"{100 * out.rolled_watch.mean():>13.1f}% {100 * reached.mean():>13.1f}% "
             f"{100 * silent.mean():>8.1f}% {spread:>23}  {'ok' if met else 'MISSED'}"
         )
+        if scenario.aa and detail:
+            where_time_goes(out, plan, documents_per_min)
     return ok
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--documents-per-min", default="1,5,25,100", help="headline loads")
+    parser.add_argument("--runs", type=int, default=100, help="A/A runs a load")
+    parser.add_argument("--ab-runs", type=int, default=60, help="runs a regression and load")
+    # At 1 document a minute a run simulates up to three weeks and a day, minute by minute:
+    # fewer runs there, and the rates' error bars wider (printed with the table).
+    parser.add_argument("--slow-runs", type=int, default=40, help="A/A runs below 5/min")
+    parser.add_argument("--slow-ab-runs", type=int, default=30, help="A/B runs below 5/min")
+    parser.add_argument("--population", default=HELD_OUT.name, choices=ROLLOUT_POPULATIONS)
+    parser.add_argument("--seed", type=int, default=3601, help="not a seed the gate was tuned on")
+    parser.add_argument("--watch", action="store_true", help="also regressions starting at 100 %")
+    args = parser.parse_args()
+    rng = np.random.default_rng(args.seed)
+    population = ROLLOUT_POPULATIONS[args.population]
+    print(loadavg())
+    print(
+        f"population {population.name}: {100 * population.document_failure():.1f} % of "
+        f"documents failing, processing sigma {population.processing_sigma:g} "
+        f"({100 * population.explained():.0f} % explained by the task count), seed {args.seed}"
+    )
+    started = time.monotonic()
+    ok = True
+    for load in (float(x) for x in args.documents_per_min.split(",")):
+        slow = load < 5
+        ok &= headline(
+            rng,
+            args.slow_runs if slow else args.runs,
+            load,
+            ab_runs=args.slow_ab_runs if slow else args.ab_runs,
+            population=population,
+            detail=True,
+        )
+        print()
+    if args.watch:
+        watched(rng, args.ab_runs, max(float(x) for x in args.documents_per_min.split(",")))
+    print(f"{time.monotonic() - started:.0f} s; {loadavg()}")
+    print("every target met" if ok else "a target was MISSED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
