@@ -70,6 +70,8 @@ FLOOR_MS = 1000.0
 # Why a ramping run is held a minute, in the autopilot's order: the dwell, the documents, a
 # harm test above its hold level, then each margin not yet shown.
 HELD_REASONS = ("dwell", "documents", "harm", *MARGIN_TESTS)
+# Tests.harm()'s rows: failed documents, retried tasks, processing, queue wait.
+HARM_TESTS = ("failed", "retried", "processing", "queue_wait")
 
 
 _ROLLOUT, _GATE = RolloutSettings(), GateSettings()
@@ -130,6 +132,7 @@ class Outcome:
     step_min: Array = field(default_factory=_none)
     step_docs: Array = field(default_factory=_none)
     held: dict[str, Array] = field(default_factory=dict)
+    rolled_by: Array = field(default_factory=_none)  # index in HARM_TESTS, -1: none
 
 
 class Tests:
@@ -231,6 +234,7 @@ def simulate(
     since = np.zeros(runs, dtype=int)
     step_docs = np.zeros((2, runs))
     rolled_at = np.full(runs, -1)
+    rolled_by = np.full(runs, -1)  # the harm test that rolled the run back (HARM_TESTS)
     reached = np.full(runs, -1)
     batch_left = np.zeros(runs, dtype=int)
     phase = rng.uniform(0, 2 * math.pi, runs)
@@ -302,14 +306,17 @@ def simulate(
         }
         # Retries: crashes hand tasks of one path back at once, and a few on their own.
         # A retry is filed under the minute its document started (ragflow_mq's recorder), so a
-        # crash's tasks land on each path as that minute's documents did: drawn by the step's
+        # crash's tasks land on each path as that minute's tasks did: drawn by the step's
         # share instead, a run at a few documents a minute filed retries on Kafka in minutes
         # Kafka started nothing, a harm no site can show (2 of 100 A/A runs rolled back at 5 a
-        # minute).
+        # minute). By tasks, not documents: an executor holds tasks, and once documents have
+        # sizes of their own a minute's document share can be far from its task share (one
+        # Kafka document of 1 task beside a Redis one of 40), which the retried test, by
+        # tasks, would read as a harm.
         crashes = np.minimum(
             np.where(n.sum(axis=0) > 0, rng.poisson(pop.crashes_a_min, runs), 0), 8
         )
-        on_kafka = rng.binomial(crashes, shares(n[0], n[1]))
+        on_kafka = rng.binomial(crashes, shares(started[0], started[1]))
         crash_sizes = rng.integers(1, pop.crash_tasks + 1, (runs, 8))
         ranks = np.arange(8)[None, :]
         r_k = (crash_sizes * (ranks < on_kafka[:, None])).sum(axis=1)
@@ -352,6 +359,7 @@ def simulate(
         harm = tests.harm()
         back = live & (harm >= rollback).any(axis=0)
         rolled_at[back] = minute
+        rolled_by[back] = np.argmax(harm[:, back] - rollback >= 0, axis=0)
         ramping = live & ~back & (reached < 0)
         rows = np.flatnonzero(ramping)
         dwelt = minute - since + 1 >= plan.dwell_min
@@ -382,7 +390,9 @@ def simulate(
         minute += 1
     rolled_ramp = (rolled_at >= 0) & ((reached < 0) | (rolled_at <= reached))
     rolled_watch = (rolled_at >= 0) & (reached >= 0) & (rolled_at > reached)
-    return Outcome(rolled_ramp, rolled_watch, reached, rolled_at, step_min, docs_at, held)
+    return Outcome(
+        rolled_ramp, rolled_watch, reached, rolled_at, step_min, docs_at, held, rolled_by
+    )
 
 
 def targets(documents_per_min: float) -> tuple[float, float] | None:
@@ -474,6 +484,12 @@ def headline(
             f"{100 * out.rolled_watch.mean():>13.1f}% {100 * reached.mean():>13.1f}% "
             f"{100 * silent.mean():>8.1f}% {spread:>23}  {'ok' if met else 'MISSED'}"
         )
+        if out.rolled_by.size and (out.rolled_by >= 0).any():
+            by = np.bincount(out.rolled_by[out.rolled_by >= 0], minlength=len(HARM_TESTS))
+            print(
+                "  rolled back by: "
+                + ", ".join(f"{t} {c}" for t, c in zip(HARM_TESTS, by, strict=True) if c)
+            )
         if scenario.aa and detail:
             where_time_goes(out, plan, documents_per_min)
     return ok
