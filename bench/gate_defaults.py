@@ -34,7 +34,7 @@ in the watch, each regression silently <= 5 %, at 5 documents a minute p50 <= 24
 
     .venv/bin/python bench/gate_defaults.py [--documents-per-min 1,5,25,100] [--runs 100]
        [--ab-runs 60] [--slow-runs 40] [--slow-ab-runs 30] [--seed 3601] [--population held-out]
-       [--watch] [--scenarios 0,1,2,3]
+       [--watch] [--scenarios 0,1,2,3] [--margin-alpha 0.05]
 Exit 0 when every target is met, 1 otherwise.
 """
 
@@ -438,10 +438,11 @@ def headline(
     population: RolloutPopulation = HELD_OUT,
     detail: bool = False,
     scenarios: tuple[Scenario, ...] = SCENARIOS,
+    plan: Defaults | None = None,
 ) -> bool:
     """The must-show table at one load: A/A's false roll-backs (ramp, watch), each A/B's
     silent promotions, the hours to 100 %; ``ab_runs`` runs an A/B scenario (``runs``)."""
-    plan = Defaults()
+    plan = plan or Defaults()
     ab_runs = ab_runs or runs
     print(
         f"shipped defaults: ROLLOUT_STEPS={','.join(f'{s:g}' for s in plan.steps)}, "
@@ -510,6 +511,8 @@ def main() -> int:
     parser.add_argument("--watch", action="store_true", help="also regressions starting at 100 %")
     # One process a scenario spreads a slow load over CPUs (each run alike: same seed).
     parser.add_argument("--scenarios", default="", help="SCENARIOS' indices, e.g. 0,2; all")
+    # Not a default: what a different GATE_MARGIN_ALPHA would cost or save (issue 36's p95).
+    parser.add_argument("--margin-alpha", type=float, default=None, help="GATE_MARGIN_ALPHA")
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
     population = ROLLOUT_POPULATIONS[args.population]
@@ -531,6 +534,7 @@ def main() -> int:
             population=population,
             detail=True,
             scenarios=tuple(SCENARIOS[int(i)] for i in args.scenarios.split(",") if i) or SCENARIOS,
+            plan=Defaults(margin_alpha=args.margin_alpha) if args.margin_alpha else None,
         )
         print()
     if args.watch:
