@@ -444,8 +444,9 @@ def headline(
     silent promotions, the hours to 100 %; ``ab_runs`` runs an A/B scenario (``runs``)."""
     plan = plan or Defaults()
     ab_runs = ab_runs or runs
+    label = "shipped defaults" if plan == Defaults() else "not the shipped defaults"
     print(
-        f"shipped defaults: ROLLOUT_STEPS={','.join(f'{s:g}' for s in plan.steps)}, "
+        f"{label}: ROLLOUT_STEPS={','.join(f'{s:g}' for s in plan.steps)}, "
         f"ROLLOUT_DWELL_S={plan.dwell_min * 60}, ROLLOUT_MIN_DOCUMENTS={plan.min_documents}, "
         f"GATE_ALPHA={plan.alpha:g}, GATE_MARGIN_ALPHA={plan.margin_alpha:g}, margins "
         f"{plan.margins}, ROLLOUT_HOLDBACK_PERCENT={plan.holdback:g}; population "
