@@ -179,6 +179,8 @@ TRACING_BENCH_ARGS ?= --entries 5000 --mirror-entries 50000
 JOIN_BENCH_ARGS    ?=
 # No services: simulated rollouts through the gate's own tests, ~3 minutes on 2 CPUs.
 GATE_BENCH_ARGS    ?=
+# Issue 36's bound beside the gate's documents a step (60 A/A runs at 5 and 25 a minute).
+GATE_BOUND_BENCH_ARGS ?=
 # The watch at 100 % against a baseline, also simulated: ~2 minutes.
 WATCH_BENCH_ARGS   ?=
 LOADAVG = echo "load average: $$(cut -d' ' -f1-3 /proc/loadavg)"
@@ -212,6 +214,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/tracing_overhead.py $(TRACING_BENCH_ARGS)
 	@$(LOADAVG)
 	$(BIN)/python bench/gate_calibration.py $(GATE_BENCH_ARGS)
+	@$(LOADAVG)
+	$(BIN)/python bench/gate_bound.py $(GATE_BOUND_BENCH_ARGS)
 	@$(LOADAVG)
 	$(BIN)/python bench/watch_calibration.py $(WATCH_BENCH_ARGS)
 	@$(LOADAVG)

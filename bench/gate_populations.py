@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -90,3 +91,111 @@ def percentiles(values: Array) -> str:
         return "-"
     p50, p95 = np.percentile(values, [50, 95])
     return f"{p50:,.0f} / {p95:,.0f}"
+
+
+@dataclass(frozen=True)
+class RolloutPopulation:
+    """A site as bench/gate_defaults.py's whole rollouts draw it: per document a task count,
+    a fate, a processing time and a queue wait; per minute the load, the drift and the batches.
+
+    ``covariate`` is the slope of ln(processing time) on ln(task count): a document of more
+    tasks (more page ranges, in RAGFlow) takes longer, and that part of the spread is known
+    when the document is enqueued. ``processing_sigma`` is the total spread, the covariate's
+    part included, so two populations of one total spread differ only in what it explains."""
+
+    name: str
+    size_power: float  # P(k tasks) ~ k^-power, k in 1..60
+    broken: float  # documents that fail whatever their size
+    alone: float  # each task failing on its own
+    processing_ms: float  # median processing time of a document of typical size
+    processing_sigma: float  # total spread of ln(processing time)
+    covariate: float  # slope of ln(processing time) on ln(tasks)
+    queue_ms: float
+    queue_sigma: float
+    swing: float  # daily swing of the load, +- fraction
+    drift: tuple[float, float]  # hourly drift amplitude: failures and processing, queue wait
+    batches_a_day: float  # scanned-PDF batches
+    batch_min: tuple[int, int]  # their length, minutes (inclusive)
+    batch_factors: tuple[float, float, float]  # processing, queue wait, failures, in a batch
+    crashes_a_min: float  # executor crashes handing tasks back at once
+    crash_tasks: int  # 1 to this many tasks a crash
+    retry_alone: float  # tasks retried on their own
+
+    @property
+    def sizes(self) -> tuple[Array, Array]:
+        sizes = np.arange(1, 61, dtype=float)
+        p = sizes**-self.size_power
+        return sizes, p / p.sum()
+
+    def failure_of(self, sizes: Array) -> Array:
+        """A document's chance to fail, by its task count: broken, or a task failing alone."""
+        return self.broken + (1 - self.broken) * (1 - (1 - self.alone) ** sizes)
+
+    def document_failure(self) -> float:
+        sizes, p = self.sizes
+        return float((p * self.failure_of(sizes)).sum())
+
+    def log_size_spread(self) -> tuple[float, float]:
+        """Mean and variance of ln(tasks) over documents."""
+        sizes, p = self.sizes
+        mean = float((p * np.log(sizes)).sum())
+        return mean, float((p * (np.log(sizes) - mean) ** 2).sum())
+
+    @property
+    def residual_sigma(self) -> float:
+        """The spread of ln(processing time) that the task count leaves unexplained."""
+        _, var = self.log_size_spread()
+        return math.sqrt(max(self.processing_sigma**2 - self.covariate**2 * var, 0.01))
+
+    def explained(self) -> float:
+        """The share of ln(processing time)'s variance the task count explains."""
+        return 1 - self.residual_sigma**2 / self.processing_sigma**2
+
+
+# What the gate's defaults were tuned on (issue 36's first commits, bench/gate_defaults.py as
+# it was): no covariate, the processing spread all unexplained. Kept to reproduce those numbers.
+TUNED = RolloutPopulation(
+    name="tuned",
+    size_power=1.6,
+    broken=0.01,
+    alone=0.006,
+    processing_ms=20_000.0,
+    processing_sigma=1.1,
+    covariate=0.0,
+    queue_ms=3_000.0,
+    queue_sigma=1.5,
+    swing=0.3,
+    drift=(0.4, 0.6),
+    batches_a_day=4.0,
+    batch_min=(30, 90),
+    batch_factors=(3.0, 4.0, 2.0),
+    crashes_a_min=0.2,
+    crash_tasks=5,
+    retry_alone=0.002,
+)
+
+# Held out: every parameter moved from what the gate was tuned on, and a document's task
+# count explaining part of its processing time (time ~ tasks^0.7, about 44 % of the
+# variance), as RAGFlow's page ranges do. Larger documents, a wider spread, stronger drift,
+# more and longer batches, more crashes of more tasks.
+HELD_OUT = RolloutPopulation(
+    name="held-out",
+    size_power=1.4,
+    broken=0.008,
+    alone=0.004,
+    processing_ms=30_000.0,
+    processing_sigma=1.25,
+    covariate=0.7,
+    queue_ms=5_000.0,
+    queue_sigma=1.7,
+    swing=0.4,
+    drift=(0.5, 0.7),
+    batches_a_day=6.0,
+    batch_min=(20, 120),
+    batch_factors=(2.5, 5.0, 2.5),
+    crashes_a_min=0.3,
+    crash_tasks=8,
+    retry_alone=0.003,
+)
+
+ROLLOUT_POPULATIONS = {p.name: p for p in (TUNED, HELD_OUT)}
