@@ -22,7 +22,7 @@ lognormal's) is not checked here. Measured (60 runs a rate):
     2 (check)      5        17.3 /  45.5         22.3 /  35.3        0.78       1.29
     2 (check)     25         3.4 /   7.4          3.3 /   6.7        1.04       1.11
 
-    python -m bench.plan_accuracy --seed 2 --runs 60   # ~20 min on a free CPU (1/min slowest)
+    python bench/plan_accuracy.py --seed 2 --runs 60   # ~20 min on a free CPU (1/min slowest)
 """
 
 from __future__ import annotations
@@ -31,17 +31,9 @@ import argparse
 import math
 
 import numpy as np
+from gate_defaults import Defaults, Scenario, simulate
+from gate_populations import HELD_OUT, ROLLOUT_POPULATIONS, RolloutPopulation
 
-from bench.gate_defaults import (
-    ALONE,
-    BROKEN,
-    SIZE_P,
-    SIZES,
-    Defaults,
-    Scenario,
-    _bucket_probs,
-    simulate,
-)
 from sidecar.rollout.forecast import PlanSettings, SiteEvidence, forecast
 from sidecar.rollout.plan import site_evidence
 from sidecar.wire.contract import BUCKETS_MS, bucket_field, count_field
@@ -51,31 +43,49 @@ WEEK_MIN = 7 * 1440
 RATES = (1.0, 5.0, 25.0)
 
 
-def redis_week(rng: np.random.Generator, documents_per_min: float) -> SiteEvidence:
-    """A week of gate_defaults' population on Redis alone, as the minute hashes hold it."""
+def redis_week(
+    rng: np.random.Generator, documents_per_min: float, pop: RolloutPopulation = HELD_OUT
+) -> SiteEvidence:
+    """A week of ``pop`` (gate_defaults' populations) on Redis alone, as the minute hashes
+    hold it: each document drawn on its own, its size, fate, processing time and queue wait."""
     bounds = np.array(BUCKETS_MS)
-    p_doc = float(BROKEN + (1 - BROKEN) * (1 - (SIZE_P * (1 - ALONE) ** SIZES).sum()))
+    sizes, size_p = pop.sizes
+    log_mean, _ = pop.log_size_spread()
     phase = rng.uniform(0, 2 * math.pi)
     batch_left = 0
     minutes = []
+    drift_p, drift_q = pop.drift
+    slow, queued, failing = pop.batch_factors
     for minute in range(WEEK_MIN):
-        load = documents_per_min * (1 + 0.3 * math.sin(2 * math.pi * minute / 1440))
+        load = documents_per_min * (1 + pop.swing * math.sin(2 * math.pi * minute / 1440))
         mix = math.sin(2 * math.pi * minute / 60 + phase)
-        if batch_left == 0 and rng.random() < 4 / 1440:
-            batch_left = int(rng.integers(30, 91))
+        if batch_left == 0 and rng.random() < pop.batches_a_day / 1440:
+            batch_left = int(rng.integers(pop.batch_min[0], pop.batch_min[1] + 1))
         pdf = batch_left > 0
         batch_left = max(batch_left - 1, 0)
-        n = int(rng.poisson(load))
-        p = min(p_doc * math.exp(0.4 * mix) * (2.0 if pdf else 1.0), 1.0)
+        n = int(rng.poisson(max(load, 0.0)))
+        k = rng.choice(sizes, size=n, p=size_p)
+        p = np.clip(pop.failure_of(k) * math.exp(drift_p * mix) * (failing if pdf else 1.0), 0, 1)
+        ln_p = (
+            math.log(pop.processing_ms)
+            + pop.covariate * (np.log(k) - log_mean)
+            + rng.normal(0, pop.residual_sigma, n)
+            + drift_p * mix
+            + (math.log(slow) if pdf else 0.0)
+        )
+        ln_q = (
+            math.log(pop.queue_ms)
+            + rng.normal(0, pop.queue_sigma, n)
+            + drift_q * mix
+            + (math.log(queued) if pdf else 0.0)
+        )
         fields = {
             count_field("redis", "document_finished"): n,
-            count_field("redis", "document_failed"): int(rng.binomial(n, p)),
+            count_field("redis", "document_failed"): int((rng.random(n) < p).sum()),
         }
-        for latency, median_ms, sigma, scale in (
-            ("document_processing", 20_000.0, 1.1, math.exp(0.4 * mix) * (3.0 if pdf else 1.0)),
-            ("document_queue_wait", 3_000.0, 1.5, math.exp(0.6 * mix) * (4.0 if pdf else 1.0)),
-        ):
-            counts = rng.multinomial(n, _bucket_probs(median_ms * scale, sigma, bounds))
+        for latency, ln_ms in (("document_processing", ln_p), ("document_queue_wait", ln_q)):
+            index = np.searchsorted(bounds, np.exp(ln_ms), side="left")
+            counts = np.bincount(index, minlength=len(bounds) + 1)
             fields.update(
                 {bucket_field("redis", latency, i): int(c) for i, c in enumerate(counts) if c}
             )
@@ -88,6 +98,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=2)
     parser.add_argument("--runs", type=int, default=60)
     parser.add_argument("--rates", default=",".join(f"{r:g}" for r in RATES))
+    parser.add_argument("--population", default=HELD_OUT.name, choices=ROLLOUT_POPULATIONS)
     parser.add_argument(
         "--forecast-only", action="store_true", help="the forecasts alone (seconds, not an hour)"
     )
@@ -101,7 +112,9 @@ def main() -> None:
         defaults.margin_alpha,
         defaults.holdback,
     )
-    print(f"seed {args.seed}, {args.runs} A/A rollouts a rate, shipped defaults")
+    print(
+        f"seed {args.seed}, {args.runs} A/A rollouts a rate, shipped defaults, population {args.population}"
+    )
     print(
         f"{'documents/min':>13} {'forecast p50/p95 h':>19} {'simulated p50/p95 h':>20} "
         f"{'ratio p50':>9} {'ratio p95':>9}"
@@ -109,13 +122,14 @@ def main() -> None:
     for rate in (float(r) for r in args.rates.split(",")):
         # Each rate's week and rollouts from seeds of their own: a rate is rerun alone
         # (--rates) with the same numbers.
-        site = redis_week(np.random.default_rng([args.seed, int(rate * 100)]), rate)
+        pop = ROLLOUT_POPULATIONS[args.population]
+        site = redis_week(np.random.default_rng([args.seed, int(rate * 100)]), rate, pop)
         told = forecast(site, plan, start_hour=0)
         if args.forecast_only:
             print(f"{rate:>13g} {told.hours_p50:>9.1f} / {told.hours_p95:<7.1f}", flush=True)
             continue
         out = simulate(np.random.default_rng(args.seed), Scenario("A/A"), defaults, args.runs,
-                       documents_per_min=rate, watch_min=0)  # fmt: skip
+                       documents_per_min=rate, watch_min=0, population=pop)  # fmt: skip
         reached = out.reached_min[out.reached_min >= 0] / 60
         p50, p95 = (float(h) for h in np.percentile(reached, [50, 95]))
         print(
