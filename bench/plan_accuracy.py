@@ -113,7 +113,8 @@ def main() -> None:
         defaults.holdback,
     )
     print(
-        f"seed {args.seed}, {args.runs} A/A rollouts a rate, shipped defaults, population {args.population}"
+        f"seed {args.seed}, {args.runs} A/A rollouts a rate, shipped defaults, "
+        f"population {args.population}"
     )
     print(
         f"{'documents/min':>13} {'forecast p50/p95 h':>19} {'simulated p50/p95 h':>20} "
