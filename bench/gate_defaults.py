@@ -498,6 +498,17 @@ def headline(
     return ok
 
 
+def _plan(margin_alpha: float | None, min_documents: int | None) -> Defaults | None:
+    """The shipped defaults but for what the command line sets (benched, not shipped)."""
+    if margin_alpha is None and min_documents is None:
+        return None
+    shipped = Defaults()
+    return Defaults(
+        margin_alpha=margin_alpha or shipped.margin_alpha,
+        min_documents=min_documents or shipped.min_documents,
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--documents-per-min", default="1,5,25,100", help="headline loads")
@@ -509,11 +520,12 @@ def main() -> int:
     parser.add_argument("--slow-ab-runs", type=int, default=30, help="A/B runs below 5/min")
     parser.add_argument("--population", default=HELD_OUT.name, choices=ROLLOUT_POPULATIONS)
     parser.add_argument("--seed", type=int, default=3601, help="not a seed the gate was tuned on")
-    parser.add_argument("--watch", action="store_true", help="also regressions starting at 100 %")
+    parser.add_argument("--watch", action="store_true", help="also regressions starting at 100 %%")
     # One process a scenario spreads a slow load over CPUs (each run alike: same seed).
     parser.add_argument("--scenarios", default="", help="SCENARIOS' indices, e.g. 0,2; all")
     # Not a default: what a different GATE_MARGIN_ALPHA would cost or save (issue 36's p95).
     parser.add_argument("--margin-alpha", type=float, default=None, help="GATE_MARGIN_ALPHA")
+    parser.add_argument("--min-documents", type=int, default=None, help="ROLLOUT_MIN_DOCUMENTS")
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
     population = ROLLOUT_POPULATIONS[args.population]
@@ -535,7 +547,7 @@ def main() -> int:
             population=population,
             detail=True,
             scenarios=tuple(SCENARIOS[int(i)] for i in args.scenarios.split(",") if i) or SCENARIOS,
-            plan=Defaults(margin_alpha=args.margin_alpha) if args.margin_alpha else None,
+            plan=_plan(args.margin_alpha, args.min_documents),
         )
         print()
     if args.watch:
