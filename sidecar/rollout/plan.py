@@ -177,12 +177,16 @@ def render(plan: dict[str, Any], settings: PlanSettings) -> str:
     if "within_margins" in plan:
         hours, fit = plan["within_hours"], plan["within_margins"]
         told = ", ".join(f"{n} {shown(n, v)}" for n, v in fit.items())
-        now = "fit" if plan["hours_p50"] <= hours else "do not fit"
-        lines += [
-            "",
-            f"within {hours:g} h (p50): the margins above {now}; the tightest that do, "
-            f"all scaled alike: {told}",
-        ]
+        # Scaled alike, the tightest fit can loosen the margin that binds while it tightens
+        # the others: when the margins in force fit, that would read as advice to loosen one.
+        if plan["hours_p50"] <= hours:
+            lines += ["", f"within {hours:g} h (p50): the margins above fit"]
+        else:
+            lines += [
+                "",
+                f"within {hours:g} h (p50): the margins above do not fit; the tightest that "
+                f"do, all scaled alike: {told}",
+            ]
     return "\n".join(lines)
 
 
