@@ -47,7 +47,7 @@ import time
 
 import numpy as np
 from bench_common import loadavg
-from gate_defaults import Defaults, Scenario, simulate
+from gate_simulate import Defaults, Scenario, simulate
 from gate_populations import FLOOR_MS, HELD_OUT, ROLLOUT_POPULATIONS, RolloutPopulation
 from scipy.stats import norm
 

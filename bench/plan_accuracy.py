@@ -31,7 +31,7 @@ import argparse
 import math
 
 import numpy as np
-from gate_defaults import Defaults, Scenario, simulate
+from gate_simulate import Defaults, Scenario, simulate
 from gate_populations import HELD_OUT, ROLLOUT_POPULATIONS, RolloutPopulation
 
 from sidecar.rollout.forecast import PlanSettings, SiteEvidence, forecast

@@ -26,7 +26,7 @@ Statistic = Literal["count", "fixed_rate", "latency"]
 # Retries come in clusters: a crashed executor hands all its tasks in hand back at once (up to
 # RAGFlow's 5 slots, often of one document, so of one path). The test divides retried tasks by
 # the largest cluster, so that a crash weighs as one event at most, as the test's independent
-# units must (an overdispersion correction; bench/gate_defaults.py simulates crashes of 1-5).
+# units must (an overdispersion correction; bench/gate_simulate.py simulates crashes of 1-8).
 RETRY_CLUSTER: Final = 5.0
 
 
