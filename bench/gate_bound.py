@@ -47,8 +47,8 @@ import time
 
 import numpy as np
 from bench_common import loadavg
-from gate_simulate import Defaults, Scenario, simulate
 from gate_populations import FLOOR_MS, HELD_OUT, ROLLOUT_POPULATIONS, RolloutPopulation
+from gate_simulate import Defaults, Scenario, simulate
 from scipy.stats import norm
 
 from sidecar.serve import histograms as hist

@@ -31,8 +31,8 @@ import argparse
 import math
 
 import numpy as np
-from gate_simulate import Defaults, Scenario, simulate
 from gate_populations import HELD_OUT, ROLLOUT_POPULATIONS, RolloutPopulation
+from gate_simulate import Defaults, Scenario, simulate
 
 from sidecar.rollout.forecast import PlanSettings, SiteEvidence, forecast
 from sidecar.rollout.plan import site_evidence
